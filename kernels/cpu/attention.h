@@ -1,0 +1,126 @@
+// CPU attention kernels: the work items of a plan (DESIGN.md §2, §6).
+//
+// A work item is one Q range against one K/V range under one mask rule
+// (common/mask.h). Forward items merge their partial (O, LSE) into fp32
+// accumulators with log-sum-exp; backward items add dQ/dK/dV contributions
+// into fp32 accumulators. The executor (or VarlenForward/VarlenBackward for a
+// single rank) owns the accumulators and casts them to the output dtype.
+//
+// Tensor layout (flash-attention varlen): a token row holds all heads,
+// Q/O/dQ/dO: [tokens, Hq, D], K/V/dK/dV: [tokens, Hkv, D], LSE: [Hq, tokens]
+// fp32 natural log. GQA: query head h reads kv head h / (Hq / Hkv).
+//
+// Numerics: storage fp32/bf16/fp16, accumulation fp32. A query row that sees
+// no key has LSE = -inf and O = 0; merging it with anything is exact and never
+// produces NaN.
+//
+// Example (one rank, packed causal documents):
+//   ThreadPool pool(2);
+//   AttentionShape shape{Hq, Hkv, D, DType::kBFloat16, 1.0f / std::sqrt(D)};
+//   auto slices = LowerDocuments(cu_seqlens, /*causal=*/true, /*window=*/-1);
+//   VarlenForward(shape, q, k, v, T, T, slices, o, lse, &pool);
+#ifndef HSAP_KERNELS_CPU_ATTENTION_H_
+#define HSAP_KERNELS_CPU_ATTENTION_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "common/dtype.h"
+#include "common/mask.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace hsap::kernels::cpu {
+
+// What every tensor of one call shares.
+struct AttentionShape {
+  int num_heads_q = 0;   // Hq
+  int num_heads_kv = 0;  // Hkv; Hq % Hkv == 0
+  int head_dim = 0;      // D, 32..256
+  DType dtype = DType::kFloat32;  // storage type of Q, K, V, O, dO, dQ, dK, dV
+  float softmax_scale = 0.f;      // usually 1/sqrt(D)
+};
+
+// One forward work item. Pointers address the first row of each range; row
+// strides are in elements and default (0) to H * D of that tensor.
+struct FwdWorkItem {
+  const void* q = nullptr;  // [num_q, Hq, D] dtype
+  const void* k = nullptr;  // [num_k, Hkv, D] dtype
+  const void* v = nullptr;  // [num_k, Hkv, D] dtype
+  int64_t num_q = 0;
+  int64_t num_k = 0;
+  int64_t q_row_stride = 0;
+  int64_t kv_row_stride = 0;
+  MaskType type = MaskType::kFull;
+  int64_t offset = 0;   // CAUSAL diagonal offset (common/mask.h)
+  int64_t window = -1;  // CAUSAL window, < 0 for none
+  // Accumulators, merged into (not overwritten). Start them at O = 0,
+  // LSE = -inf. o_acc holds the *normalised* partial output.
+  float* o_acc = nullptr;    // [num_q, Hq, D] fp32, row stride Hq * D
+  float* lse_acc = nullptr;  // [Hq, lse_stride] fp32, column 0 = first row
+  int64_t lse_stride = 0;
+};
+
+// Runs `items` in parallel on `pool` (nullptr: calling thread only). Items
+// may write the same accumulator rows; the result then equals merging them
+// one after another (up to fp32 rounding). Never materialises the full score
+// matrix: online softmax over key blocks (FlashAttention-2).
+// REQUIRES: shape validated; every item's ranges inside its buffers.
+void Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, ThreadPool* pool);
+
+// One backward work item: adds this slice's contributions to dQ, dK, dV.
+struct BwdWorkItem {
+  const void* q = nullptr;     // [num_q, Hq, D] dtype
+  const void* k = nullptr;     // [num_k, Hkv, D] dtype
+  const void* v = nullptr;     // [num_k, Hkv, D] dtype
+  const void* dout = nullptr;  // [num_q, Hq, D] dtype
+  const float* lse = nullptr;    // [Hq, lse_stride], the final forward LSE of these rows
+  const float* delta = nullptr;  // [Hq, lse_stride], rowsum(dO * O) (ComputeDelta)
+  int64_t lse_stride = 0;
+  int64_t num_q = 0;
+  int64_t num_k = 0;
+  int64_t q_row_stride = 0;   // for q and dout
+  int64_t kv_row_stride = 0;  // for k and v
+  MaskType type = MaskType::kFull;
+  int64_t offset = 0;
+  int64_t window = -1;
+  float* dq_acc = nullptr;  // [num_q, Hq, D] fp32, +=
+  float* dk_acc = nullptr;  // [num_k, Hkv, D] fp32, +=
+  float* dv_acc = nullptr;  // [num_k, Hkv, D] fp32, +=
+};
+
+// Runs `items` on `pool`. Items may share dq/dk/dv rows; updates to shared
+// rows are not racy and the sum equals the serial sum up to fp32 rounding.
+void Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items, ThreadPool* pool);
+
+// delta[h * lse_stride + t] = sum_d dout[t, h, d] * o[t, h, d] (fp32),
+// for t in [0, num_tokens).
+void ComputeDelta(const AttentionShape& shape, const void* o, const void* dout,
+                  int64_t num_tokens, float* delta, int64_t lse_stride, ThreadPool* pool);
+
+// Merges partial (o_b, lse_b) into (o_a, lse_a) for `num_rows` rows of
+// `num_heads` heads: lse = logaddexp(lse_a, lse_b), o = weighted sum. Rows
+// with both LSE = -inf stay O = 0, LSE = -inf.
+void MergePartial(int num_heads, int head_dim, int64_t num_rows, float* o_a, float* lse_a,
+                  const float* o_b, const float* lse_b, int64_t lse_stride);
+
+// Converts an fp32 buffer of n elements to `dtype` (round to nearest even).
+void CastFromFloat(const float* src, int64_t n, DType dtype, void* dst, ThreadPool* pool);
+
+// Single-rank packed attention, the whole call: Q rows [0, num_q) against K/V
+// rows [0, num_k) under `slices` (validated by the caller).
+//   o:   [num_q, Hq, D] dtype (written)
+//   lse: [Hq, num_q] fp32 (written)
+void VarlenForward(const AttentionShape& shape, const void* q, const void* k, const void* v,
+                   int64_t num_q, int64_t num_k, absl::Span<const MaskSlice> slices, void* o,
+                   float* lse, ThreadPool* pool);
+
+//   o, dout: [num_q, Hq, D] dtype; lse: [Hq, num_q] from VarlenForward
+//   dq: [num_q, Hq, D], dk/dv: [num_k, Hkv, D] dtype (written)
+void VarlenBackward(const AttentionShape& shape, const void* q, const void* k, const void* v,
+                    const void* o, const float* lse, const void* dout, int64_t num_q,
+                    int64_t num_k, absl::Span<const MaskSlice> slices, void* dq, void* dk,
+                    void* dv, ThreadPool* pool);
+
+}  // namespace hsap::kernels::cpu
+
+#endif  // HSAP_KERNELS_CPU_ATTENTION_H_

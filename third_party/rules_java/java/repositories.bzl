@@ -1,0 +1,5 @@
+def rules_java_dependencies():
+    pass
+
+def rules_java_toolchains():
+    pass

@@ -1,0 +1,5 @@
+def rules_proto_dependencies():
+    pass
+
+def rules_proto_toolchains():
+    pass
