@@ -29,6 +29,17 @@ void ReferenceBackward(const AttentionShape& shape, const void* q, const void* k
                        absl::Span<const MaskSlice> slices, std::vector<double>* dq,
                        std::vector<double>* dk, std::vector<double>* dv);
 
+// As ReferenceBackward, but Delta = rowsum(dO * O) is taken from the given
+// forward output `o` ([num_q, Hq, D], shape.dtype) the way every
+// flash-attention backward does, instead of from the exact forward. For
+// bf16/fp16 this is "the exact answer on the same rounded inputs" of a
+// backward kernel, whose inputs include O rounded to the storage type.
+void ReferenceBackwardFromOutput(const AttentionShape& shape, const void* q, const void* k,
+                                 const void* v, const void* o, const void* dout, int64_t num_q,
+                                 int64_t num_k, absl::Span<const MaskSlice> slices,
+                                 std::vector<double>* dq, std::vector<double>* dk,
+                                 std::vector<double>* dv);
+
 // max |a - b| / max(max |b|, tiny): the relative error measure used by tests.
 double MaxRelativeError(absl::Span<const double> actual, absl::Span<const double> expected);
 

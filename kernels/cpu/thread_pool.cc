@@ -1,0 +1,109 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace hsap::kernels::cpu {
+
+// One ParallelFor at a time (call_mu). Indices are handed out through an
+// atomic counter, so cheap and expensive indices balance dynamically; the
+// caller works too and then waits until every worker has left the job.
+struct ThreadPool::State {
+  int num_threads = 1;
+  std::vector<std::thread> workers;
+
+  std::mutex call_mu;  // serialises ParallelFor callers
+
+  std::mutex mu;
+  std::condition_variable work_cv;  // workers wait here for a new generation
+  std::condition_variable done_cv;  // the caller waits here for busy == 0
+  uint64_t generation = 0;          // guarded by mu
+  bool stop = false;                // guarded by mu
+  int busy = 0;                     // workers inside the current job, guarded by mu
+
+  // The current job; written under mu before generation is bumped.
+  const std::function<void(int64_t)>* fn = nullptr;
+  int64_t n = 0;
+  std::atomic<int64_t> next{0};
+
+  void RunJob(const std::function<void(int64_t)>& job, int64_t count) {
+    for (;;) {
+      const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= count) return;
+      job(i);
+    }
+  }
+
+  void WorkerLoop() {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int64_t)>* job;
+      int64_t count;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        work_cv.wait(lock, [&] { return stop || generation != seen; });
+        if (stop) return;
+        seen = generation;
+        // A worker that wakes after its job ended sees fn == nullptr (or the
+        // next job, which it then joins): the snapshot is taken under mu.
+        job = fn;
+        count = n;
+        if (job == nullptr) continue;
+        ++busy;
+      }
+      RunJob(*job, count);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (--busy == 0) done_cv.notify_all();
+      }
+    }
+  }
+};
+
+ThreadPool::ThreadPool(int num_threads) : state_(new State) {
+  state_->num_threads = num_threads < 1 ? 1 : num_threads;
+  for (int i = 1; i < state_->num_threads; ++i) {
+    state_->workers.emplace_back([s = state_] { s->WorkerLoop(); });
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
+  }
+  state_->work_cv.notify_all();
+  for (std::thread& t : state_->workers) t.join();
+  delete state_;
+}
+
+int ThreadPool::num_threads() const { return state_->num_threads; }
+
+void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n <= 0) return;
+  State& s = *state_;
+  if (s.workers.empty() || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::lock_guard<std::mutex> call_lock(s.call_mu);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.fn = &fn;
+    s.n = n;
+    s.next.store(0, std::memory_order_relaxed);
+    ++s.generation;
+  }
+  s.work_cv.notify_all();
+  s.RunJob(fn, n);
+  // Waiting for busy == 0 guarantees no worker still holds a reference to fn;
+  // clearing fn under mu keeps late wakers away from it.
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.done_cv.wait(lock, [&] { return s.busy == 0; });
+  s.fn = nullptr;
+}
+
+}  // namespace hsap::kernels::cpu

@@ -1,0 +1,133 @@
+// Internal to kernels/cpu: the SIMD tiles behind attention.h and the small
+// pieces of bookkeeping they share with the task scheduler (attention.cc).
+//
+// A *forward tile* is one (work item, query head, block of kBlockQ query
+// rows): it streams the key range those rows can see in blocks of kBlockK
+// keys with an online softmax (FlashAttention-2) and returns the normalised
+// partial O and its LSE. A *backward tile* is one (work item, query head,
+// block of kBlockK keys): it visits every query block that sees one of its
+// keys, returns that block's dK/dV and adds dQ into the shared accumulator
+// under RowLocks. Both are compiled once per SIMD target (Highway) and chosen
+// at run time (tile_kernels.cc). Nothing here is part of the public API.
+#ifndef HSAP_KERNELS_CPU_TILE_KERNELS_H_
+#define HSAP_KERNELS_CPU_TILE_KERNELS_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "common/dtype.h"
+#include "common/mask.h"
+
+namespace hsap::kernels::cpu::internal {
+
+// Query rows per forward tile and per inner backward step; keys per inner
+// forward step and per backward tile. 64 is a multiple of two vectors of
+// every SIMD target (AVX2: 8 floats, AVX-512: 16 floats), so padded columns
+// never need a scalar tail.
+inline constexpr int kBlockQ = 64;
+inline constexpr int kBlockK = 64;
+
+// Striped mutexes guarding accumulator rows that several tasks may update.
+// The stripe is chosen by the address of the row, so two tasks touching the
+// same memory always take the same lock. A task holds one lock at a time.
+class RowLocks {
+ public:
+  RowLocks() : locks_(new std::mutex[kStripes]) {}
+  std::mutex& For(const void* row) {
+    const auto key = reinterpret_cast<uintptr_t>(row) / sizeof(float);
+    return locks_[(key * 0x9E3779B97F4A7C15ull) >> (64 - kStripeBits)];
+  }
+
+ private:
+  static constexpr int kStripeBits = 10;
+  static constexpr int kStripes = 1 << kStripeBits;
+  std::unique_ptr<std::mutex[]> locks_;
+};
+
+// dst[r * dst_row_stride + c] += factor * src[r * src_row_stride + c] for
+// r < rows, c < cols, each row under its lock.
+void AddRowsLocked(RowLocks* locks, float* dst, int64_t dst_row_stride, const float* src,
+                   int64_t src_row_stride, int64_t rows, int cols, float factor);
+
+// Merges one row of a partial result (o_b: [dim], lse_b) into (o_a, *lse_a);
+// see MergePartial in attention.h for the −inf rules.
+void MergeRow(int dim, float* o_a, float* lse_a, const float* o_b, float lse_b);
+
+// The keys a run of query rows [row_begin, row_end) of a slice-shaped item
+// sees: the union of RowKeyRange over its rows, as [*key_begin, *key_end).
+// Empty (begin >= end) when no row sees a key.
+void KeysSeenByRows(MaskType type, int64_t offset, int64_t window, int64_t num_k,
+                    int64_t row_begin, int64_t row_end, int64_t* key_begin, int64_t* key_end);
+
+// The query rows of [0, num_q) that see at least one key of
+// [key_begin, key_end), as [*row_begin, *row_end). Rows seeing a given key
+// range are contiguous because RowKeyRange's bounds never decrease with the
+// row.
+void RowsSeeingKeys(MaskType type, int64_t offset, int64_t window, int64_t num_q,
+                    int64_t num_k, int64_t key_begin, int64_t key_end, int64_t* row_begin,
+                    int64_t* row_end);
+
+// Everything one forward tile reads and writes.
+struct FwdTile {
+  const void* q = nullptr;  // row `first_row` of the item, at this head: [num_rows] x D
+  const void* k = nullptr;  // row 0 of the item, at the kv head: [num_k] x D
+  const void* v = nullptr;  // row 0 of the item, at the kv head: [num_k] x D
+  int64_t q_row_stride = 0;   // elements
+  int64_t kv_row_stride = 0;  // elements
+  int num_rows = 0;           // <= kBlockQ
+  int64_t first_row = 0;      // of this tile within the item (mask coordinates)
+  int64_t num_k = 0;
+  MaskType type = MaskType::kFull;
+  int64_t offset = 0;
+  int64_t window = -1;
+  int head_dim = 0;
+  DType dtype = DType::kFloat32;
+  float softmax_scale = 0.f;
+  float* o = nullptr;    // [num_rows, head_dim] out: normalised partial O
+  float* lse = nullptr;  // [num_rows] out: natural-log LSE, −inf where no key
+};
+
+// Returns false (and writes nothing) when no row of the tile sees a key.
+bool ForwardTile(const FwdTile& tile);
+
+// Everything one backward tile reads and writes.
+struct BwdTile {
+  const void* q = nullptr;     // row 0 of the item, at this head: [num_q] x D
+  const void* dout = nullptr;  // row 0 of the item, at this head: [num_q] x D
+  const float* lse = nullptr;    // [num_q] of this head, stride 1
+  const float* delta = nullptr;  // [num_q] of this head, stride 1
+  int64_t q_row_stride = 0;      // elements, q and dout
+  const void* k = nullptr;     // row 0 of the item, at the kv head: [num_k] x D
+  const void* v = nullptr;
+  int64_t kv_row_stride = 0;
+  int64_t num_q = 0;
+  int64_t num_k = 0;
+  int64_t first_key = 0;  // of this tile's key block within the item
+  int num_keys = 0;       // <= kBlockK
+  MaskType type = MaskType::kFull;
+  int64_t offset = 0;
+  int64_t window = -1;
+  int head_dim = 0;
+  DType dtype = DType::kFloat32;
+  float softmax_scale = 0.f;
+  float* dq_acc = nullptr;  // row 0 of the item, at this head; += under locks
+  int64_t dq_row_stride = 0;
+  RowLocks* locks = nullptr;
+  float* dk = nullptr;  // [num_keys, head_dim] out (overwritten)
+  float* dv = nullptr;  // [num_keys, head_dim] out (overwritten)
+};
+
+// Returns false (and writes nothing) when no query row sees the key block.
+bool BackwardTile(const BwdTile& tile);
+
+// dst[i] = float(src[first + i]) for i < n.
+void ConvertToFloat(const void* src, DType dtype, int64_t first, int64_t n, float* dst);
+
+// Name of the SIMD target the dispatcher picked on this machine ("AVX2",
+// "AVX3", "EMU128", ...), for logs and the benchmark.
+const char* SimdTargetName();
+
+}  // namespace hsap::kernels::cpu::internal
+
+#endif  // HSAP_KERNELS_CPU_TILE_KERNELS_H_
