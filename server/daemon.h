@@ -1,0 +1,70 @@
+// Daemon: one hsapd, wired from its options — the session socket, the gRPC
+// server on the Unix socket (local clients) and optionally on TCP (peers and
+// operators), health and reflection, and graceful drain.
+//
+//   auto daemon = Daemon::Start(options);   // serving when this returns
+//   ...
+//   (*daemon)->Drain(absl::Seconds(30));    // NOT_SERVING, finish calls, stop
+#ifndef HSAP_SERVER_DAEMON_H_
+#define HSAP_SERVER_DAEMON_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "server/daemon_state.h"
+#include "server/grpc/services.h"
+#include "server/shm/session_socket.h"
+
+namespace hsap {
+
+struct DaemonOptions {
+  // gRPC Unix socket for local clients; the session socket is this + ".session".
+  std::string socket_path = "/run/hsap/hsapd.sock";
+  // TCP endpoint for peers and operators; port 0 = off.
+  std::string tcp_host = "127.0.0.1";
+  int tcp_port = 0;
+  // CPU device slots ("--devices=cpu:N") and kernel threads (0 = one per core).
+  int cpu_devices = 1;
+  int cpu_threads = 0;
+  // uid allowed on the session socket besides root (default: our own).
+  int allowed_uid = -1;
+  shm::RegionLimits region_limits;
+};
+
+class Daemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon();  // Drain(0) if not drained
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Health -> NOT_SERVING, refuse new calls (UNAVAILABLE), wait up to
+  // `timeout` for calls in flight, then stop the servers and end sessions.
+  // Idempotent.
+  void Drain(absl::Duration timeout);
+
+  DaemonState* state() { return state_.get(); }
+  const std::string& socket_path() const { return options_.socket_path; }
+  std::string session_socket_path() const { return options_.socket_path + ".session"; }
+
+ private:
+  explicit Daemon(const DaemonOptions& options);
+  void SetServing(bool serving);
+
+  DaemonOptions options_;
+  std::unique_ptr<DaemonState> state_;
+  std::unique_ptr<AttentionService> attention_;
+  std::unique_ptr<RegionsService> regions_;
+  std::unique_ptr<ClusterService> cluster_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<shm::SessionSocket> session_socket_;
+  bool drained_ = false;
+};
+
+}  // namespace hsap
+
+#endif  // HSAP_SERVER_DAEMON_H_

@@ -1,0 +1,36 @@
+// Everything the services of one hsapd share: regions, sessions, the call
+// gate, compute resources and configuration. Owned by Daemon (daemon.h);
+// services and tests get a pointer. Thread-safe through its parts.
+#ifndef HSAP_SERVER_DAEMON_STATE_H_
+#define HSAP_SERVER_DAEMON_STATE_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+#include "server/exec/call_gate.h"
+#include "server/grpc/attention_validation.h"
+#include "server/shm/region_registry.h"
+#include "server/shm/session_manager.h"
+
+namespace hsap {
+
+struct DaemonState {
+  explicit DaemonState(int cpu_threads, shm::RegionLimits region_limits = {})
+      : regions(region_limits), sessions(&regions), pool(cpu_threads) {}
+
+  shm::RegionRegistry regions;
+  shm::SessionManager sessions;
+  CallGate gate;
+  kernels::cpu::ThreadPool pool;
+  ValidationLimits limits;
+  std::vector<std::string> device_names;  // "cpu:0", ...
+  std::atomic<uint64_t> calls_total{0};
+  std::atomic<uint64_t> busy_micros{0};
+};
+
+}  // namespace hsap
+
+#endif  // HSAP_SERVER_DAEMON_STATE_H_

@@ -1,0 +1,54 @@
+// A validated attention call: what the executor runs. Produced only by the
+// entry-point validation (server/grpc/attention_validation.h), so every field
+// here is known to be consistent and every tensor lies inside a pinned region.
+#ifndef HSAP_SERVER_EXEC_ATTENTION_CALL_H_
+#define HSAP_SERVER_EXEC_ATTENTION_CALL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/mask.h"
+#include "hsap/v1/common.pb.h"
+#include "kernels/cpu/attention.h"
+#include "server/shm/region_registry.h"
+
+namespace hsap {
+
+// One tensor of a call, resolved to memory the daemon may touch while `pin`
+// lives.
+struct BoundTensor {
+  shm::RegionPin pin;
+  uint8_t* data = nullptr;
+  uint64_t region_id = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  std::vector<int64_t> shape;
+};
+
+struct AttentionCall {
+  bool backward = false;
+  // Collective identity.
+  std::string group;
+  int32_t rank = 0;
+  int32_t group_size = 1;
+  uint64_t call_seq = 0;
+  // Options.
+  hsap::v1::Strategy strategy = hsap::v1::STRATEGY_AUTO;
+  hsap::v1::AssignmentPolicy assignment = hsap::v1::ASSIGNMENT_BALANCED;
+  uint32_t deadline_ms = 0;
+  // Shapes and mask.
+  kernels::cpu::AttentionShape shape;
+  int64_t total_tokens = 0;  // T over the whole group
+  int64_t local_tokens = 0;  // this rank's rows
+  std::vector<int64_t> cu_seqlens;  // empty when the mask came as slices
+  bool causal = true;
+  int64_t window = -1;
+  std::vector<MaskSlice> slices;  // the mask, lowered
+  // Tensors (forward: q, k, v, o, lse; backward adds d_o, dq, dk, dv).
+  BoundTensor q, k, v, o, lse, d_o, dq, dk, dv;
+};
+
+}  // namespace hsap
+
+#endif  // HSAP_SERVER_EXEC_ATTENTION_CALL_H_

@@ -1,0 +1,74 @@
+// hsapd: the HSAP per-node daemon. Wiring only: flags -> DaemonOptions,
+// signals -> Drain. See README.md and proto/README.md.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/logging.h"
+#include "common/version.h"
+#include "server/daemon.h"
+
+ABSL_FLAG(std::string, socket, "/run/hsap/hsapd.sock",
+          "gRPC Unix socket for local trainers (mode 0600); sessions use <socket>.session");
+ABSL_FLAG(int, port, 0, "TCP port for peers and operators; 0 = off");
+ABSL_FLAG(std::string, host, "127.0.0.1", "TCP address to listen on when --port is set");
+ABSL_FLAG(std::string, devices, "cpu:1", "device slots of this node: cpu:N");
+ABSL_FLAG(int, cpu_threads, 0, "threads for the CPU kernels; 0 = one per core");
+ABSL_FLAG(int, drain_timeout_s, 30, "on SIGTERM/SIGINT, wait this long for calls in flight");
+
+namespace {
+
+bool ParseDevices(const std::string& text, int* cpu) {
+  absl::string_view rest = text;
+  return absl::ConsumePrefix(&rest, "cpu:") && absl::SimpleAtoi(rest, cpu);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      absl::StrCat("hsapd ", hsap::kVersion, ": exact packed attention as a per-node service"));
+  absl::ParseCommandLine(argc, argv);
+  // Signals are taken synchronously by the main thread below; every thread
+  // started from here on inherits the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  hsap::DaemonOptions options;
+  options.socket_path = absl::GetFlag(FLAGS_socket);
+  options.tcp_port = absl::GetFlag(FLAGS_port);
+  options.tcp_host = absl::GetFlag(FLAGS_host);
+  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  if (!ParseDevices(absl::GetFlag(FLAGS_devices), &options.cpu_devices)) {
+    HSAP_LOG(ERROR) << "--devices=" << absl::GetFlag(FLAGS_devices)
+                    << " is not of the form cpu:N (GPU slots need a CUDA build)";
+    return 2;
+  }
+  const std::string dir = options.socket_path.substr(0, options.socket_path.rfind('/'));
+  if (!dir.empty() && mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    HSAP_LOG(ERROR) << "cannot create " << dir << ": " << strerror(errno);
+    return 1;
+  }
+  auto daemon = hsap::Daemon::Start(options);
+  if (!daemon.ok()) {
+    HSAP_LOG(ERROR) << "hsapd failed to start: " << daemon.status();
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  HSAP_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*daemon)->Drain(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
+  return 0;
+}
