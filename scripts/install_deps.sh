@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what HSAP needs from Debian 12's packages (root, only apt
+# reachable). Does nothing when everything is already there.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential pkg-config bazel-bootstrap
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libucx-dev ucx-utils libcivetweb-dev
+  libgtest-dev libgmock-dev libhwy-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "install_deps: installing ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install_deps: run as root (apt-get install is needed)" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,128 @@
+#include "tests/integration/test_daemon.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace hsap::testing {
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/hsap-it-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) std::abort();
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::unique_ptr<InProcessDaemon> StartInProcessDaemon(DaemonOptions options) {
+  auto d = std::make_unique<InProcessDaemon>();
+  options.socket_path = d->dir.path() + "/hsapd.sock";
+  if (options.cpu_threads == 0) options.cpu_threads = 2;
+  auto daemon = Daemon::Start(options);
+  if (!daemon.ok()) {
+    fprintf(stderr, "daemon failed to start: %s\n", daemon.status().ToString().c_str());
+    std::abort();
+  }
+  d->daemon = std::move(daemon).value();
+  return d;
+}
+
+std::string Runfile(const std::string& path) {
+  if (const char* srcdir = getenv("TEST_SRCDIR")) {
+    const std::string p = absl::StrCat(srcdir, "/hsap/", path);
+    if (access(p.c_str(), X_OK) == 0) return p;
+  }
+  return absl::StrCat("bazel-bin/", path);
+}
+
+namespace {
+
+bool CanConnect(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::string& binary,
+                                                                    std::vector<std::string> flags) {
+  std::unique_ptr<DaemonProcess> p(new DaemonProcess());
+  p->socket_ = p->dir_.path() + "/hsapd.sock";
+  flags.insert(flags.begin(), "--socket=" + p->socket_);
+  flags.insert(flags.begin(), binary);
+  std::vector<char*> argv;
+  for (auto& f : flags) argv.push_back(f.data());
+  argv.push_back(nullptr);
+  p->pid_ = fork();
+  if (p->pid_ < 0) return absl::InternalError("fork failed");
+  if (p->pid_ == 0) {
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  // Wait for the session socket; it is bound before gRPC starts and the
+  // daemon only logs "serving" after both are up, so poll the gRPC socket too.
+  for (int i = 0; i < 400; ++i) {
+    int status;
+    if (waitpid(p->pid_, &status, WNOHANG) == p->pid_) {
+      p->pid_ = -1;
+      return absl::InternalError(absl::StrCat(binary, " exited during start-up, status ", status));
+    }
+    if (access(p->socket_.c_str(), F_OK) == 0 && CanConnect(p->socket_ + ".session")) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(binary, " did not start within 20 s"));
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+void DaemonProcess::Signal(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
+int DaemonProcess::Wait(double timeout_seconds) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  while (pid_ > 0 && std::chrono::steady_clock::now() < deadline) {
+    int status;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+std::string DaemonProcess::Maps() const {
+  std::ifstream in(absl::StrCat("/proc/", pid_, "/maps"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace hsap::testing
