@@ -6,7 +6,7 @@
 // rows (several key ranges for the same queries) never race.
 //
 // Backward (FlashAttention-2 order): one task per (item, query head, block of
-// kBlockK keys). A task owns its key block's dK/dV while it runs and adds
+// kBwdBlockK keys). A task owns its key block's dK/dV while it runs and adds
 // them once at the end; dQ contributions of each (key block, query block)
 // pair are added under RowLocks. GQA query heads of one KV head are separate
 // tasks that add into the same dK/dV rows, so K/V are never repeated.
@@ -25,7 +25,7 @@
 namespace hsap::kernels::cpu {
 namespace {
 
-using internal::kBlockK;
+using internal::kBwdBlockK;
 using internal::kBlockQ;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -57,16 +57,6 @@ void SortByCost(std::vector<Task>* tasks) {
 }  // namespace
 
 namespace internal {
-
-void AddRowsLocked(RowLocks* locks, float* dst, int64_t dst_row_stride, const float* src,
-                   int64_t src_row_stride, int64_t rows, int cols, float factor) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* out = dst + r * dst_row_stride;
-    const float* in = src + r * src_row_stride;
-    std::lock_guard<std::mutex> lock(locks->For(out));
-    for (int c = 0; c < cols; ++c) out[c] += factor * in[c];
-  }
-}
 
 void MergeRow(int dim, float* o_a, float* lse_a, const float* o_b, float lse_b) {
   const float la = *lse_a;
@@ -220,8 +210,8 @@ void Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
   std::vector<Task> tasks;
   for (size_t n = 0; n < items.size(); ++n) {
     const BwdWorkItem& it = items[n];
-    for (int64_t k0 = 0; k0 < it.num_k; k0 += kBlockK) {
-      const int64_t k1 = std::min(it.num_k, k0 + kBlockK);
+    for (int64_t k0 = 0; k0 < it.num_k; k0 += kBwdBlockK) {
+      const int64_t k1 = std::min(it.num_k, k0 + kBwdBlockK);
       int64_t r0, r1;
       internal::RowsSeeingKeys(it.type, it.offset, it.window, it.num_q, it.num_k, k0, k1, &r0,
                                &r1);
@@ -241,8 +231,8 @@ void Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
     const int64_t q_stride = it.q_row_stride > 0 ? it.q_row_stride : q_row;
     const int64_t kv_stride = it.kv_row_stride > 0 ? it.kv_row_stride : kv_row;
     thread_local std::vector<float> dk, dv;
-    dk.resize(static_cast<size_t>(kBlockK) * D);
-    dv.resize(static_cast<size_t>(kBlockK) * D);
+    dk.resize(static_cast<size_t>(kBwdBlockK) * D);
+    dv.resize(static_cast<size_t>(kBwdBlockK) * D);
     internal::BwdTile tile;
     tile.q = At(it.q, int64_t{h} * D, shape.dtype);
     tile.dout = At(it.dout, int64_t{h} * D, shape.dtype);
@@ -255,7 +245,7 @@ void Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
     tile.num_q = it.num_q;
     tile.num_k = it.num_k;
     tile.first_key = task.block_begin;
-    tile.num_keys = static_cast<int>(std::min<int64_t>(kBlockK, it.num_k - task.block_begin));
+    tile.num_keys = static_cast<int>(std::min<int64_t>(kBwdBlockK, it.num_k - task.block_begin));
     tile.type = it.type;
     tile.offset = it.offset;
     tile.window = it.window;

@@ -38,6 +38,7 @@
 #include <limits>
 
 #include "hwy/aligned_allocator.h"
+#include "hwy/cache_control.h"
 #include "kernels/cpu/tile_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -183,6 +184,38 @@ void ConvertImpl(const void* src, DType dtype, int64_t first, int64_t n, float* 
   for (; i < n; ++i) dst[i] = LoadAsFloat(src, dtype, first + i);
 }
 
+// Asks for rows [first, first + n) of a [rows, row_stride] tensor, `cols`
+// elements each, to be brought into cache. K/V (forward) and Q/dO (backward)
+// blocks are strided by all heads of a token, which the hardware prefetcher
+// follows poorly; fetching block b + 1 while block b computes hides it.
+void PrefetchRows(const void* base, DType dtype, int64_t first, int64_t n, int64_t row_stride,
+                  int cols) {
+  const int64_t es = DTypeSize(dtype);
+  const char* p = static_cast<const char*>(base) + first * row_stride * es;
+  const int64_t bytes = cols * es;
+  for (int64_t r = 0; r < n; ++r, p += row_stride * es) {
+    for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(p + b);
+  }
+}
+
+// AddRowsLocked (tile_kernels.h), vectorised.
+void AddRowsLockedImpl(RowLocks* locks, float* dst, int64_t dst_row_stride, const float* src,
+                       int64_t src_row_stride, int64_t rows, int cols, float factor) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const VF f = hn::Set(d, factor);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* out = dst + r * dst_row_stride;
+    const float* in = src + r * src_row_stride;
+    std::lock_guard<std::mutex> lock(locks->For(out));
+    int c = 0;
+    for (; c + N <= cols; c += N) {
+      hn::StoreU(hn::MulAdd(f, hn::LoadU(d, in + c), hn::LoadU(d, out + c)), d, out + c);
+    }
+    for (; c < cols; ++c) out[c] += factor * in[c];
+  }
+}
+
 // Per-thread scratch, grown on demand and reused across tiles.
 struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> mem;
@@ -202,6 +235,9 @@ bool ForwardTileImpl(const FwdTile& t) {
   const int N = static_cast<int>(hn::Lanes(d));
   const int D = t.head_dim;
   const int rows = t.num_rows;
+  // Query columns actually computed: rows rounded up to two vectors, so a
+  // short document does not pay for a full block of padding.
+  const int QC = (rows + 2 * N - 1) / (2 * N) * (2 * N);
 
   // Key range of each row (mask coordinates of the item) and their union.
   int64_t lo[BQ], hi[BQ];
@@ -214,13 +250,13 @@ bool ForwardTileImpl(const FwdTile& t) {
     }
   }
   if (key_begin >= key_end) return false;
-  for (int i = rows; i < BQ; ++i) lo[i] = hi[i] = key_begin;  // padding columns: see nothing
+  for (int i = rows; i < QC; ++i) lo[i] = hi[i] = key_begin;  // padding columns: see nothing
 
   thread_local Scratch scratch;
   const size_t kv_block = t.dtype == DType::kFloat32 ? 0 : static_cast<size_t>(BK) * D;
   float* qt = scratch.Get(2 * static_cast<size_t>(D) * BQ + BK * BQ + 2 * kv_block + 5 * BQ + D);
-  float* ot = qt + static_cast<size_t>(D) * BQ;  // O^T [D, BQ]
-  float* st = ot + static_cast<size_t>(D) * BQ;  // S^T, then P^T [BK, BQ]
+  float* ot = qt + static_cast<size_t>(D) * BQ;  // O^T [D, QC]
+  float* st = ot + static_cast<size_t>(D) * BQ;  // S^T, then P^T [BK, QC]
   float* kc = st + BK * BQ;                      // converted K block [BK, D]
   float* vc = kc + kv_block;                     // converted V block [BK, D]
   float* m = vc + kv_block;                      // running max (base 2), may be -inf
@@ -230,16 +266,16 @@ bool ForwardTileImpl(const FwdTile& t) {
   float* hif = lof + BQ;
   float* qrow = hif + BQ;                        // one converted Q row [D]
 
-  // Q^T, pre-scaled into base-2 logits.
+  // Q^T [D, QC], pre-scaled into base-2 logits.
   const float c = t.softmax_scale * kLog2e;
-  std::fill(qt, qt + static_cast<size_t>(D) * BQ, 0.f);
+  std::fill(qt, qt + static_cast<size_t>(D) * QC, 0.f);
   for (int i = 0; i < rows; ++i) {
     ConvertImpl(t.q, t.dtype, i * t.q_row_stride, D, qrow);
-    for (int dd = 0; dd < D; ++dd) qt[dd * BQ + i] = qrow[dd] * c;
+    for (int dd = 0; dd < D; ++dd) qt[dd * QC + i] = qrow[dd] * c;
   }
-  std::fill(ot, ot + static_cast<size_t>(D) * BQ, 0.f);
+  std::fill(ot, ot + static_cast<size_t>(D) * QC, 0.f);
   const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  for (int i = 0; i < BQ; i += N) {
+  for (int i = 0; i < QC; i += N) {
     hn::Store(neg_inf, d, m + i);
     hn::Store(hn::Zero(d), d, l + i);
   }
@@ -247,6 +283,11 @@ bool ForwardTileImpl(const FwdTile& t) {
   for (int64_t kb0 = key_begin; kb0 < key_end; kb0 += BK) {
     const int nk = static_cast<int>(std::min<int64_t>(BK, key_end - kb0));
     const int64_t kb1 = kb0 + nk;
+    if (kb1 < key_end) {
+      const int64_t next = std::min<int64_t>(BK, key_end - kb1);
+      PrefetchRows(t.k, t.dtype, kb1, next, t.kv_row_stride, D);
+      PrefetchRows(t.v, t.dtype, kb1, next, t.kv_row_stride, D);
+    }
     bool any = false, interior = true;
     for (int i = 0; i < rows; ++i) {
       any |= lo[i] < kb1 && hi[i] > kb0;
@@ -271,28 +312,28 @@ bool ForwardTileImpl(const FwdTile& t) {
     }
 
     // S^T = K Q^T (base-2 logits).
-    Gemm<kOverwrite>(nk, BQ, D, kb, krs, 1, qt, BQ, st, BQ);
+    Gemm<kOverwrite>(nk, QC, D, kb, krs, 1, qt, QC, st, QC);
 
     if (!interior) {
-      for (int i = 0; i < BQ; ++i) {
+      for (int i = 0; i < QC; ++i) {
         lof[i] = static_cast<float>(std::clamp<int64_t>(lo[i] - kb0, -1, BK + 1));
         hif[i] = static_cast<float>(std::clamp<int64_t>(hi[i] - kb0, -1, BK + 1));
       }
       for (int j = 0; j < nk; ++j) {
         const VF jf = hn::Set(d, static_cast<float>(j));
-        for (int i = 0; i < BQ; i += N) {
-          VF s = hn::Load(d, st + j * BQ + i);
+        for (int i = 0; i < QC; i += N) {
+          VF s = hn::Load(d, st + j * QC + i);
           s = hn::IfThenElse(jf >= hn::Load(d, lof + i), s, neg_inf);
           s = hn::IfThenElse(jf < hn::Load(d, hif + i), s, neg_inf);
-          hn::Store(s, d, st + j * BQ + i);
+          hn::Store(s, d, st + j * QC + i);
         }
       }
     }
 
     // Online softmax along each column (query), N queries at a time.
-    for (int i = 0; i < BQ; i += N) {
+    for (int i = 0; i < QC; i += N) {
       VF mx = neg_inf;
-      for (int j = 0; j < nk; ++j) mx = hn::Max(mx, hn::Load(d, st + j * BQ + i));
+      for (int j = 0; j < nk; ++j) mx = hn::Max(mx, hn::Load(d, st + j * QC + i));
       const VF m_old = hn::Load(d, m + i);
       const VF m_new = hn::Max(m_old, mx);
       // A column that has seen no key yet keeps m = -inf; subtracting 0
@@ -301,8 +342,8 @@ bool ForwardTileImpl(const FwdTile& t) {
       const VF a = Exp2(d, hn::Sub(m_old, m_safe));
       VF sum = hn::Zero(d);
       for (int j = 0; j < nk; ++j) {
-        const VF p = Exp2(d, hn::Sub(hn::Load(d, st + j * BQ + i), m_safe));
-        hn::Store(p, d, st + j * BQ + i);
+        const VF p = Exp2(d, hn::Sub(hn::Load(d, st + j * QC + i), m_safe));
+        hn::Store(p, d, st + j * QC + i);
         sum = hn::Add(sum, p);
       }
       hn::Store(hn::MulAdd(hn::Load(d, l + i), a, sum), d, l + i);
@@ -311,7 +352,7 @@ bool ForwardTileImpl(const FwdTile& t) {
     }
 
     // O^T = alpha * O^T + V^T P^T.
-    Gemm<kColumnScale>(D, BQ, nk, vb, 1, krs, st, BQ, ot, BQ, alpha);
+    Gemm<kColumnScale>(D, QC, nk, vb, 1, krs, st, QC, ot, QC, alpha);
   }
 
   for (int i = 0; i < rows; ++i) {
@@ -322,14 +363,14 @@ bool ForwardTileImpl(const FwdTile& t) {
       continue;
     }
     const float inv = 1.f / l[i];
-    for (int dd = 0; dd < D; ++dd) orow[dd] = ot[dd * BQ + i] * inv;
+    for (int dd = 0; dd < D; ++dd) orow[dd] = ot[dd * QC + i] * inv;
     t.lse[i] = static_cast<float>((m[i] + std::log2(static_cast<double>(l[i]))) * 0.6931471805599453);
   }
   return true;
 }
 
 bool BackwardTileImpl(const BwdTile& t) {
-  constexpr int BQ = kBlockQ, BK = kBlockK;
+  constexpr int BQ = kBwdBlockQ, BK = kBwdBlockK;
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
   const int D = t.head_dim;
@@ -342,24 +383,24 @@ bool BackwardTileImpl(const BwdTile& t) {
   if (row_begin >= row_end) return false;
 
   thread_local Scratch scratch;
-  const size_t kt_size = static_cast<size_t>(D) * BK, row_block = static_cast<size_t>(BK) * Dp;
-  static_assert(BQ == BK, "one padded block size serves both row blocks");
-  float* kt = scratch.Get(2 * kt_size + 6 * row_block + 2 * BQ * BK + 2 * BQ + Dp);
-  float* vt = kt + kt_size;     // V^T [D, BK]
-  float* kr = vt + kt_size;     // K [BK, Dp]
-  float* dk = kr + row_block;   // dK [BK, Dp] (scaled at the end)
-  float* dv = dk + row_block;   // dV [BK, Dp]
-  float* qs = dv + row_block;   // Q * c [BQ, Dp]
-  float* dor = qs + row_block;  // dO [BQ, Dp]
-  float* dqb = dor + row_block; // dQ of one query block [BQ, Dp]
-  float* p = dqb + row_block;   // P [BQ, BK]
+  const size_t kt_size = static_cast<size_t>(D) * BK;
+  const size_t k_block = static_cast<size_t>(BK) * Dp, q_block = static_cast<size_t>(BQ) * Dp;
+  float* kt = scratch.Get(2 * kt_size + 3 * k_block + 3 * q_block + 2 * BQ * BK + 2 * BQ + Dp);
+  float* vt = kt + kt_size;   // V^T [D, BK]
+  float* kr = vt + kt_size;   // K [BK, Dp]
+  float* dk = kr + k_block;   // dK [BK, Dp] (scaled at the end)
+  float* dv = dk + k_block;   // dV [BK, Dp]
+  float* qs = dv + k_block;   // Q * c [BQ, Dp]
+  float* dor = qs + q_block;  // dO [BQ, Dp]
+  float* dqb = dor + q_block; // dQ of one query block [BQ, Dp]
+  float* p = dqb + q_block;   // P [BQ, BK]
   float* ds = p + BQ * BK;      // dP, then dS [BQ, BK]
   float* lse2 = ds + BQ * BK;   // LSE in base 2, +inf where -inf
   float* dlt = lse2 + BQ;       // Delta
   float* tmp = dlt + BQ;        // one converted row [Dp]
 
   // Pack the key block once: K^T and V^T for the score products, K rows for dQ.
-  std::fill(kt, kt + 2 * kt_size + row_block, 0.f);
+  std::fill(kt, kt + 2 * kt_size + k_block, 0.f);
   std::fill(tmp, tmp + Dp, 0.f);
   for (int j = 0; j < nk; ++j) {
     ConvertImpl(t.k, t.dtype, (kb0 + j) * t.kv_row_stride, D, kr + j * Dp);
@@ -367,9 +408,9 @@ bool BackwardTileImpl(const BwdTile& t) {
     ConvertImpl(t.v, t.dtype, (kb0 + j) * t.kv_row_stride, D, tmp);
     for (int dd = 0; dd < D; ++dd) vt[dd * BK + j] = tmp[dd];
   }
-  std::fill(dk, dk + 2 * row_block, 0.f);
+  std::fill(dk, dk + 2 * k_block, 0.f);
   // Padding columns of Qs / dO stay 0 from here on.
-  std::fill(qs, qs + 2 * row_block, 0.f);
+  std::fill(qs, qs + 2 * q_block, 0.f);
 
   const float c = t.softmax_scale * kLog2e;
   const VF vc = hn::Set(d, c);
@@ -377,6 +418,11 @@ bool BackwardTileImpl(const BwdTile& t) {
   const VF iota = hn::Iota(d, 0.f);
   for (int64_t qb0 = row_begin; qb0 < row_end; qb0 += BQ) {
     const int rows = static_cast<int>(std::min<int64_t>(BQ, row_end - qb0));
+    if (qb0 + rows < row_end) {
+      const int64_t next = std::min<int64_t>(BQ, row_end - qb0 - rows);
+      PrefetchRows(t.q, t.dtype, qb0 + rows, next, t.q_row_stride, D);
+      PrefetchRows(t.dout, t.dtype, qb0 + rows, next, t.q_row_stride, D);
+    }
     for (int i = 0; i < rows; ++i) {
       float* qrow = qs + i * Dp;
       ConvertImpl(t.q, t.dtype, (qb0 + i) * t.q_row_stride, D, qrow);
@@ -423,7 +469,7 @@ bool BackwardTileImpl(const BwdTile& t) {
     Gemm<kAccumulate>(nk, Dp, rows, p, 1, BK, dor, Dp, dv, Dp);
     Gemm<kAccumulate>(nk, Dp, rows, ds, 1, BK, qs, Dp, dk, Dp);
     Gemm<kOverwrite>(rows, Dp, nk, ds, BK, 1, kr, Dp, dqb, Dp);
-    AddRowsLocked(t.locks, t.dq_acc + qb0 * t.dq_row_stride, t.dq_row_stride, dqb, Dp, rows, D,
+    AddRowsLockedImpl(t.locks, t.dq_acc + qb0 * t.dq_row_stride, t.dq_row_stride, dqb, Dp, rows, D,
                   t.softmax_scale);
   }
 
@@ -450,6 +496,13 @@ HWY_EXPORT(ForwardTileImpl);
 HWY_EXPORT(BackwardTileImpl);
 HWY_EXPORT(ConvertImpl);
 HWY_EXPORT(TargetNameImpl);
+HWY_EXPORT(AddRowsLockedImpl);
+
+void AddRowsLocked(RowLocks* locks, float* dst, int64_t dst_row_stride, const float* src,
+                   int64_t src_row_stride, int64_t rows, int cols, float factor) {
+  HWY_DYNAMIC_DISPATCH(AddRowsLockedImpl)(locks, dst, dst_row_stride, src, src_row_stride, rows,
+                                          cols, factor);
+}
 
 bool ForwardTile(const FwdTile& tile) { return HWY_DYNAMIC_DISPATCH(ForwardTileImpl)(tile); }
 
