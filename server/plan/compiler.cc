@@ -1,0 +1,369 @@
+#include "server/plan/compiler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "server/plan/cost_model.h"
+#include "server/plan/demand.h"
+#include "server/plan/inner_level.h"
+
+namespace hsap::plan {
+namespace {
+
+using internal::InnerKind;
+using internal::InnerRank;
+
+// Per-row bytes of the head all-to-all payloads for a slot.
+int64_t HeadRowBytes(Payload p, const HeadShape& shape, const HeadSlot& slot) {
+  const int64_t e = int64_t{shape.head_dim} * DTypeSize(shape.dtype);
+  const int64_t q = slot.num_q(), kv = slot.num_kv();
+  switch (p) {
+    case Payload::kQkvHeads: return (q + 2 * kv) * e;
+    case Payload::kOutLseHeads: return q * (e + 4);
+    case Payload::kBwdHeads: return (3 * q + 2 * kv) * e + 4 * q;
+    case Payload::kGradQkvHeads: return (q + 2 * kv) * e;
+    default: return 0;
+  }
+}
+
+LinkTier TierOf(const Topology& t, int32_t a, int32_t b) {
+  return t.NodeOf(a) == t.NodeOf(b) ? LinkTier::kIntraNode : LinkTier::kInterNode;
+}
+
+void SetHeads(const HeadSlot& s, Transfer* t) {
+  t->q_head_begin = s.q_begin;
+  t->q_head_end = s.q_end;
+  t->kv_head_begin = s.kv_begin;
+  t->kv_head_end = s.kv_end;
+}
+
+std::vector<Segment> Shifted(const std::vector<OwnerSegment>& segs, int64_t shift) {
+  std::vector<Segment> out;
+  out.reserve(segs.size());
+  for (const OwnerSegment& s : segs) out.push_back({s.begin, s.end, s.local_row + shift});
+  return out;
+}
+
+// The head all-to-all of rank `d` in its group (ranks [g0, g0 + U)).
+// `to_home`: forward scatter / backward scatter (local rows of the sender to
+// home rows of the receiver, receiver's heads) or the gathers (home rows of
+// the sender to local rows of the receiver, sender's heads).
+Stage HeadStage(Payload payload, bool to_home, int32_t d, int32_t g0, int32_t U,
+                const std::vector<std::vector<OwnerSegment>>& local,
+                const std::vector<int64_t>& home_offset, const std::vector<HeadSlot>& slots,
+                const PlanSpec& spec) {
+  Stage st;
+  const HeadSlot& mine = slots[d - g0];
+  auto count = [&](int32_t r) {
+    int64_t n = 0;
+    for (const OwnerSegment& s : local[r]) n += s.end - s.begin;
+    return n;
+  };
+  const int64_t nd = count(d);
+  for (int32_t m = g0; m < g0 + U; ++m) {
+    if (m == d) continue;
+    const HeadSlot& theirs = slots[m - g0];
+    const int64_t nm = count(m);
+    const LinkTier tier = TierOf(spec.topology, d, m);
+    // Send: to_home: my local rows, their heads; else: their rows at my home, my heads.
+    const HeadSlot& send_heads = to_home ? theirs : mine;
+    const int64_t send_rows = to_home ? nd : nm;
+    if (send_heads.num_q() > 0 && send_rows > 0) {
+      Transfer t;
+      t.peer = m;
+      t.payload = payload;
+      t.tier = tier;
+      t.space = to_home ? RowSpace::kLocal : RowSpace::kHome;
+      SetHeads(send_heads, &t);
+      t.segments = to_home ? Shifted(local[d], 0) : Shifted(local[m], home_offset[m]);
+      t.bytes = send_rows * HeadRowBytes(payload, spec.shape, send_heads);
+      st.sends.push_back(std::move(t));
+    }
+    const HeadSlot& recv_heads = to_home ? mine : theirs;
+    const int64_t recv_rows = to_home ? nm : nd;
+    if (recv_heads.num_q() > 0 && recv_rows > 0) {
+      Transfer t;
+      t.peer = m;
+      t.payload = payload;
+      t.tier = tier;
+      t.space = to_home ? RowSpace::kHome : RowSpace::kLocal;
+      SetHeads(recv_heads, &t);
+      t.segments = to_home ? Shifted(local[m], home_offset[m]) : Shifted(local[d], 0);
+      t.bytes = recv_rows * HeadRowBytes(payload, spec.shape, recv_heads);
+      st.recvs.push_back(std::move(t));
+    }
+  }
+  return st;
+}
+
+// Scales an inner-level stage (rows, virtual peers) to rank bytes and peers.
+Stage InstantiateInner(const Stage& in, int32_t d, int32_t U, int32_t u, int64_t kappa,
+                       const HeadSlot& slot, const Topology& topo, bool backward) {
+  Stage st;
+  auto scale = [&](const Transfer& t, bool is_recv) {
+    Transfer o = t;
+    o.peer = t.peer * U + u;
+    o.tier = TierOf(topo, d, o.peer);
+    SetHeads(slot, &o);
+    o.bytes = t.bytes * kappa;
+    o.buffer_offset = is_recv ? t.buffer_offset * kappa : 0;
+    return o;
+  };
+  for (const Transfer& t : in.sends) st.sends.push_back(scale(t, false));
+  for (const Transfer& t : in.recvs) st.recvs.push_back(scale(t, true));
+  st.overlap_items = in.overlap_items;
+  st.items = in.items;
+  if (backward) {
+    for (const Transfer& t : st.recvs) {
+      Transfer r = t;
+      r.payload = Payload::kGradKv;
+      r.space = RowSpace::kRecv;
+      r.buffer_offset = 0;
+      st.return_sends.push_back(std::move(r));
+    }
+    int64_t offset = 0;
+    for (const Transfer& t : st.sends) {
+      Transfer r = t;
+      r.payload = Payload::kGradKv;
+      r.space = RowSpace::kHome;
+      r.buffer_offset = offset;
+      offset += r.bytes;
+      st.return_recvs.push_back(std::move(r));
+    }
+  }
+  return st;
+}
+
+void AddBytes(const std::vector<Transfer>& ts, std::array<int64_t, kNumTiers>* out) {
+  for (const Transfer& t : ts) (*out)[static_cast<int>(t.tier)] += t.bytes;
+}
+
+int64_t BufferBytes(const std::vector<Transfer>& ts) {
+  int64_t b = 0;
+  for (const Transfer& t : ts) b += t.bytes;
+  return b;
+}
+
+void FillStats(const std::vector<MaskSlice>& slices, Plan* plan) {
+  PlanStats& ps = plan->stats;
+  ps.total_area = 0;
+  for (const MaskSlice& s : slices) ps.total_area += SliceArea(s);
+  int64_t head_area_sum = 0, head_area_max = 0;
+  for (RankPlan& rp : plan->ranks) {
+    RankStats& rs = rp.stats;
+    for (const Stage& st : rp.forward) {
+      AddBytes(st.recvs, &rs.fwd_recv_bytes);
+      AddBytes(st.sends, &rs.fwd_send_bytes);
+      int64_t kv = 0;
+      for (const Transfer& t : st.recvs) kv += t.space == RowSpace::kRecv ? t.bytes : 0;
+      rs.peak_recv_buffer_bytes = std::max(rs.peak_recv_buffer_bytes, kv);
+    }
+    for (const Stage& st : rp.backward) {
+      AddBytes(st.recvs, &rs.bwd_recv_bytes);
+      AddBytes(st.sends, &rs.bwd_send_bytes);
+      AddBytes(st.return_recvs, &rs.bwd_recv_bytes);
+      AddBytes(st.return_sends, &rs.bwd_send_bytes);
+      rs.peak_recv_buffer_bytes =
+          std::max(rs.peak_recv_buffer_bytes, BufferBytes(st.return_recvs));
+    }
+    head_area_sum += rs.head_area;
+    head_area_max = std::max(head_area_max, rs.head_area);
+    ps.max_fwd_recv_bytes = std::max(ps.max_fwd_recv_bytes, rs.FwdRecvBytes());
+    ps.total_fwd_bytes += rs.FwdRecvBytes();
+    ps.total_bwd_bytes += rs.BwdRecvBytes();
+    for (int t = 0; t < kNumTiers; ++t) ps.total_fwd_bytes_by_tier[t] += rs.fwd_recv_bytes[t];
+  }
+  const double mean = static_cast<double>(head_area_sum) / std::max<size_t>(1, plan->ranks.size());
+  ps.imbalance = mean > 0 ? static_cast<double>(head_area_max) / mean : 1.0;
+  ps.num_fwd_stages = plan->ranks.empty() ? 0 : static_cast<int32_t>(plan->ranks[0].forward.size());
+  ps.num_bwd_stages = plan->ranks.empty() ? 0 : static_cast<int32_t>(plan->ranks[0].backward.size());
+}
+
+Plan BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
+               const SliceIndex& index, const Dispatch& dispatch, Strategy strategy,
+               const HardwareProfile& profile) {
+  const Topology& topo = spec.topology;
+  const int32_t P = topo.num_ranks();
+  const int32_t U = HeadGroupSize(strategy, topo);
+  const int32_t V = P / U;
+  std::vector<std::vector<OwnerSegment>> local(P);
+  for (int32_t r = 0; r < P; ++r) {
+    int64_t row = 0;
+    for (const TokenRange& t : dispatch.ranges[r]) {
+      local[r].push_back({t.begin, t.end, r, row});
+      row += t.size();
+    }
+  }
+  std::vector<std::vector<OwnerSegment>> home(V);
+  std::vector<int64_t> home_offset(P, 0);
+  std::vector<OwnerSegment> owners;
+  for (int32_t v = 0; v < V; ++v) {
+    int64_t offset = 0;
+    for (int32_t m = v * U; m < (v + 1) * U; ++m) {
+      home_offset[m] = offset;
+      for (const OwnerSegment& s : local[m]) {
+        home[v].push_back({s.begin, s.end, v, offset + s.local_row});
+      }
+      for (const OwnerSegment& s : local[m]) offset += s.end - s.begin;
+    }
+    owners.insert(owners.end(), home[v].begin(), home[v].end());
+  }
+  std::sort(owners.begin(), owners.end(),
+            [](const OwnerSegment& a, const OwnerSegment& b) { return a.begin < b.begin; });
+  std::vector<HeadSlot> slots(U);
+  int64_t kappa_max = 0;
+  for (int32_t u = 0; u < U; ++u) {
+    slots[u] = HeadSlotOf(spec.shape, U, u);
+    kappa_max = std::max(kappa_max, KvRowBytes(spec.shape, slots[u].num_kv()));
+  }
+  const int64_t budget_rows = std::max<int64_t>(1, spec.recv_buffer_bytes / kappa_max);
+  InnerKind kind = InnerKind::kExactNeed;
+  if (strategy == Strategy::kRing || strategy == Strategy::kUsp) kind = InnerKind::kRing;
+  if (strategy == Strategy::kAllGather) kind = InnerKind::kAllGather;
+  const std::vector<InnerRank> inner = internal::BuildInnerLevel(index, home, owners, kind,
+                                                                 budget_rows);
+  const size_t inner_stages = inner[0].stages.size();
+  const int64_t kappa_full = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
+
+  Plan plan;
+  plan.spec = spec;
+  plan.strategy = strategy;
+  plan.head_group_size = U;
+  plan.dispatch = dispatch;
+  plan.ranks.resize(P);
+  for (int32_t d = 0; d < P; ++d) {
+    const int32_t v = d / U, u = d % U, g0 = v * U;
+    const HeadSlot& slot = slots[u];
+    RankPlan& rp = plan.ranks[d];
+    rp.rank = d;
+    rp.node = topo.NodeOf(d);
+    rp.q_head_begin = slot.q_begin;
+    rp.q_head_end = slot.q_end;
+    rp.kv_head_begin = slot.kv_begin;
+    rp.kv_head_end = slot.kv_end;
+    const int64_t kappa = KvRowBytes(spec.shape, slot.num_kv());
+    rp.kv_row_bytes = kappa;
+    std::vector<Stage> fwd, bwd;
+    if (U > 1) {
+      fwd.push_back(HeadStage(Payload::kQkvHeads, true, d, g0, U, local, home_offset, slots, spec));
+      bwd.push_back(HeadStage(Payload::kBwdHeads, true, d, g0, U, local, home_offset, slots, spec));
+    }
+    for (size_t s = 0; s < inner_stages; ++s) {
+      if (slot.num_q() == 0) {
+        fwd.emplace_back();
+        bwd.emplace_back();
+        continue;
+      }
+      fwd.push_back(InstantiateInner(inner[v].stages[s], d, U, u, kappa, slot, topo, false));
+      bwd.push_back(InstantiateInner(inner[v].stages[s], d, U, u, kappa, slot, topo, true));
+    }
+    if (U > 1) {
+      fwd.push_back(
+          HeadStage(Payload::kOutLseHeads, false, d, g0, U, local, home_offset, slots, spec));
+      bwd.push_back(
+          HeadStage(Payload::kGradQkvHeads, false, d, g0, U, local, home_offset, slots, spec));
+    }
+    rp.forward = std::move(fwd);
+    rp.backward = std::move(bwd);
+    RankStats& rs = rp.stats;
+    rs.tokens = dispatch.TokensOf(d);
+    for (const OwnerSegment& s : home[v]) rs.home_tokens += s.end - s.begin;
+    rs.area = slot.num_q() > 0 ? inner[v].area : 0;
+    rs.head_area = rs.area * slot.num_q();
+    if (U == 1) {
+      rs.exact_need_bytes = inner[v].exact_need_rows * kappa_full;
+      rs.lower_bound_recv_bytes = rs.exact_need_bytes;
+    } else {
+      const std::vector<Demand> own = ComputeDemands(index, local[d]);
+      rs.exact_need_bytes = TotalTokens(ExactNeed(own, local[d])) * kappa_full;
+      int64_t head_bytes = 0;
+      for (const Transfer& t : rp.forward.front().recvs) head_bytes += t.bytes;
+      for (const Transfer& t : rp.forward.back().recvs) head_bytes += t.bytes;
+      rs.lower_bound_recv_bytes =
+          head_bytes + (slot.num_q() > 0 ? inner[v].exact_need_rows * kappa : 0);
+    }
+  }
+  FillStats(slices, &plan);
+  ModelPlanTime(profile, &plan);
+  return plan;
+}
+
+absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given) {
+  HSAP_RETURN_IF_ERROR(ValidatePlanSpec(spec));
+  const absl::Time start = absl::Now();
+  const std::vector<MaskSlice> slices = ResolveSlices(spec);
+  const SliceIndex index(slices);
+  const int32_t P = spec.topology.num_ranks();
+  Dispatch dispatch;
+  if (given != nullptr) {
+    if (given->num_ranks() != P || given->total_tokens != spec.total_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dispatch has ", given->num_ranks(), " ranks and ", given->total_tokens,
+                       " tokens; the spec has ", P, " ranks and ", spec.total_tokens));
+    }
+    HSAP_RETURN_IF_ERROR(ValidateDispatch(*given));
+    dispatch = *given;
+  } else {
+    dispatch = ComputeDispatch(spec.assignment, slices, spec.total_tokens, P);
+  }
+  const HardwareProfile& profile = GetHardwareProfile(spec.profile);
+  Plan plan;
+  if (spec.strategy == Strategy::kAuto) {
+    std::vector<StrategyCost> candidates;
+    bool have = false;
+    for (Strategy s : {Strategy::kSap, Strategy::kHsap, Strategy::kRing, Strategy::kAllGather,
+                       Strategy::kUlysses, Strategy::kUsp}) {
+      Plan p = BuildPlan(spec, slices, index, dispatch, s, profile);
+      candidates.push_back({s, p.stats.modeled_us});
+      if (!have || p.stats.modeled_us < plan.stats.modeled_us) {
+        plan = std::move(p);
+        have = true;
+      }
+    }
+    plan.stats.candidates = std::move(candidates);
+  } else {
+    plan = BuildPlan(spec, slices, index, dispatch, spec.strategy, profile);
+  }
+  plan.spec = spec;
+  plan.format_version = kPlanFormatVersion;
+  plan.key = ComputePlanKey(spec, kPlanFormatVersion);
+  plan.stats.compile_us = absl::ToInt64Microseconds(absl::Now() - start);
+  return plan;
+}
+
+}  // namespace
+
+HeadSlot HeadSlotOf(const HeadShape& shape, int32_t group_size, int32_t u) {
+  HeadSlot s;
+  const int64_t hq = shape.num_heads_q;
+  s.q_begin = static_cast<int32_t>(hq * u / group_size);
+  s.q_end = static_cast<int32_t>(hq * (u + 1) / group_size);
+  const int32_t g = shape.num_heads_q / shape.num_heads_kv;
+  if (s.q_end > s.q_begin) {
+    s.kv_begin = s.q_begin / g;
+    s.kv_end = (s.q_end + g - 1) / g;
+  } else {
+    s.kv_begin = s.kv_end = s.q_begin / g;
+  }
+  return s;
+}
+
+int32_t HeadGroupSize(Strategy strategy, const Topology& topology) {
+  switch (strategy) {
+    case Strategy::kUlysses: return topology.num_ranks();
+    case Strategy::kUsp:
+    case Strategy::kHsap: return topology.devices_per_node;
+    default: return 1;
+  }
+}
+
+absl::StatusOr<Plan> CompilePlan(const PlanSpec& spec) { return Compile(spec, nullptr); }
+
+absl::StatusOr<Plan> CompilePlanForDispatch(const PlanSpec& spec, const Dispatch& dispatch) {
+  return Compile(spec, &dispatch);
+}
+
+}  // namespace hsap::plan

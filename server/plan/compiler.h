@@ -1,0 +1,50 @@
+// The plan compiler: a pure function from a PlanSpec to an immutable Plan.
+//
+// No I/O, no devices, deterministic: every node compiles the same plan from
+// the same spec, and only plan keys are compared across nodes. Cost is
+// interval arithmetic over documents and rank ranges (never per token):
+// O(slices log slices + P * runs per rank) for sap/allgather/hsap, plus
+// O(P^2) for ring (P - 1 rounds per rank).
+//
+// Example:
+//   HSAP_ASSIGN_OR_RETURN(Plan plan, CompilePlan(spec));
+//   for (const RankPlan& r : plan.ranks) ... r.forward[s].sends ...
+#ifndef HSAP_SERVER_PLAN_COMPILER_H_
+#define HSAP_SERVER_PLAN_COMPILER_H_
+
+#include "absl/status/statusor.h"
+#include "server/plan/plan.h"
+#include "server/plan/plan_spec.h"
+
+namespace hsap::plan {
+
+// Validates `spec` (ValidatePlanSpec: INVALID_ARGUMENT naming the field) and
+// compiles it. Strategy kAuto compiles every strategy and keeps the one with
+// the lowest modeled time (ties: the earlier of sap, hsap, ring, allgather,
+// ulysses, usp), recording all candidates in stats.candidates.
+absl::StatusOr<Plan> CompilePlan(const PlanSpec& spec);
+
+// Compiles `spec` with a given assignment instead of spec.assignment's
+// (a data loader's own layout). INVALID_ARGUMENT when `dispatch` is not a
+// partition of [0, total_tokens) over the topology's ranks.
+absl::StatusOr<Plan> CompilePlanForDispatch(const PlanSpec& spec, const Dispatch& dispatch);
+
+// The head slot of position `u` in a head-parallel group of `group_size`:
+// q heads [u Hq / U, (u + 1) Hq / U) (possibly empty when Hq < U: that rank
+// computes nothing and only moves data) and the kv heads they read,
+// [qb / g, ceil(qe / g)) with g = Hq / Hkv (a kv head is replicated on every
+// slot that has one of its q heads).
+struct HeadSlot {
+  int32_t q_begin = 0, q_end = 0, kv_begin = 0, kv_end = 0;
+  int32_t num_q() const { return q_end - q_begin; }
+  int32_t num_kv() const { return kv_end - kv_begin; }
+};
+HeadSlot HeadSlotOf(const HeadShape& shape, int32_t group_size, int32_t u);
+
+// Ranks that share a head all-to-all under `strategy`: 1 for ring, allgather
+// and sap; the devices of a node for usp and hsap; every rank for ulysses.
+int32_t HeadGroupSize(Strategy strategy, const Topology& topology);
+
+}  // namespace hsap::plan
+
+#endif  // HSAP_SERVER_PLAN_COMPILER_H_

@@ -1,0 +1,130 @@
+#include "server/plan/compiler.h"
+
+#include "gtest/gtest.h"
+#include "server/plan/plan_checker.h"
+#include "server/plan/plan_proto.h"
+
+namespace hsap::plan {
+namespace {
+
+PlanSpec Spec(Strategy s) {
+  PlanSpec spec;
+  spec.cu_seqlens = {0, 300, 310, 311, 311, 700, 1000};
+  spec.total_tokens = 1000;
+  spec.topology = {2, 4};
+  spec.shape = {8, 2, 16, DType::kBFloat16};
+  spec.strategy = s;
+  return spec;
+}
+
+TEST(CompilerTest, BudgetSplitsTransfersIntoStages) {
+  PlanSpec spec = Spec(Strategy::kSap);
+  spec.assignment = AssignmentPolicy::kContiguous;
+  const int64_t kappa = KvRowBytes(spec.shape, 2);
+  spec.recv_buffer_bytes = 16 * kappa;
+  auto plan = CompilePlan(spec);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_GT(plan->stats.num_fwd_stages, 5);
+  EXPECT_TRUE(CheckBudget(*plan).ok());
+  EXPECT_TRUE(CheckTransfers(*plan).ok());
+  for (const RankPlan& rp : plan->ranks) {
+    EXPECT_LE(rp.stats.peak_recv_buffer_bytes, 16 * kappa);
+    EXPECT_EQ(rp.stats.FwdRecvBytes(), rp.stats.lower_bound_recv_bytes);
+    // Local work runs while the first transfers are in flight.
+    size_t overlap = 0;
+    for (size_t s = 1; s < rp.forward.size(); ++s) overlap += rp.forward[s].overlap_items.size();
+    EXPECT_EQ(overlap, 0u);
+  }
+  // Peak memory does not depend on the documents: any structure stays within.
+  spec.cu_seqlens = {0, 1000};
+  plan = CompilePlan(spec);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(CheckBudget(*plan).ok());
+}
+
+TEST(CompilerTest, HsapCrossesNodesOnlyForNeededKeys) {
+  PlanSpec spec = Spec(Strategy::kHsap);
+  auto plan = CompilePlan(spec);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->head_group_size, 4);
+  for (const RankPlan& rp : plan->ranks) {
+    EXPECT_EQ(rp.stats.FwdRecvBytes(), rp.stats.lower_bound_recv_bytes);
+    for (const Stage& st : rp.forward) {
+      for (const Transfer& t : st.recvs) {
+        if (t.payload == Payload::kKv) {
+          EXPECT_EQ(t.tier, LinkTier::kInterNode);
+          EXPECT_EQ(t.peer % 4, rp.rank % 4);  // same head slot on the other node
+        } else {
+          EXPECT_EQ(t.tier, LinkTier::kIntraNode);
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(CheckCoverage(*plan).ok());
+}
+
+TEST(CompilerTest, AutoIsNeverSlowerThanAnyStrategy) {
+  for (const char* profile : {"h100", "cpu-loopback"}) {
+    PlanSpec spec = Spec(Strategy::kAuto);
+    spec.profile = profile;
+    auto best = CompilePlan(spec);
+    ASSERT_TRUE(best.ok());
+    EXPECT_EQ(best->stats.candidates.size(), 6u);
+    for (Strategy s : {Strategy::kRing, Strategy::kAllGather, Strategy::kUlysses, Strategy::kUsp,
+                       Strategy::kSap, Strategy::kHsap}) {
+      spec.strategy = s;
+      auto p = CompilePlan(spec);
+      ASSERT_TRUE(p.ok());
+      EXPECT_LE(best->stats.modeled_us, p->stats.modeled_us) << StrategyName(s);
+    }
+    EXPECT_NE(best->strategy, Strategy::kAuto);
+  }
+}
+
+TEST(CompilerTest, DeterministicAndKeyed) {
+  auto a = CompilePlan(Spec(Strategy::kSap));
+  auto b = CompilePlan(Spec(Strategy::kSap));
+  ASSERT_TRUE(a.ok() && b.ok());
+  b->stats.compile_us = a->stats.compile_us;
+  EXPECT_TRUE(*a == *b);
+  EXPECT_EQ(a->key, ComputePlanKey(Spec(Strategy::kSap), kPlanFormatVersion));
+}
+
+TEST(CompilerTest, ProtoRejectsAForeignKey) {
+  auto plan = CompilePlan(Spec(Strategy::kRing));
+  ASSERT_TRUE(plan.ok());
+  hsap::v1::Plan proto = PlanToProto(*plan);
+  proto.set_plan_key(std::string(32, '0'));
+  auto back = PlanFromProto(proto);
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(back.status().message().find("is not the key of its spec"), std::string::npos);
+  proto = PlanToProto(*plan);
+  proto.mutable_spec()->mutable_shape()->set_dtype(hsap::v1::DTYPE_INT32);
+  EXPECT_NE(PlanFromProto(proto).status().message().find("shape.dtype (DTYPE_INT32)"),
+            std::string::npos);
+  // Proto defaults map to the server's defaults.
+  hsap::v1::PlanSpec wire = PlanSpecToProto(Spec(Strategy::kSap));
+  wire.clear_strategy();
+  wire.clear_assignment();
+  wire.clear_profile();
+  wire.clear_recv_buffer_bytes();
+  auto spec = PlanSpecFromProto(wire);
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->strategy, Strategy::kAuto);
+  EXPECT_EQ(spec->assignment, AssignmentPolicy::kBalanced);
+  EXPECT_EQ(spec->profile, "h100");
+  EXPECT_EQ(spec->recv_buffer_bytes, kDefaultRecvBufferBytes);
+}
+
+TEST(CompilerTest, EmptySequence) {
+  PlanSpec spec = Spec(Strategy::kSap);
+  spec.cu_seqlens = {0};
+  spec.total_tokens = 0;
+  auto plan = CompilePlan(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->stats.total_area, 0);
+  EXPECT_EQ(plan->stats.imbalance, 1.0);
+}
+
+}  // namespace
+}  // namespace hsap::plan

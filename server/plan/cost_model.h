@@ -1,0 +1,52 @@
+// Cost model: named hardware profiles and the modeled time of a plan.
+//
+// A profile gives each rank's link bandwidth per tier (intra-node, inter-node),
+// a per-transfer latency per tier and the attention throughput (FLOP/s) of
+// one rank. The model, per rank and stage:
+//
+//   transfer_s  = max over tiers of (latency + max(send, recv bytes) / bw)
+//                 (tiers are separate links and run concurrently)
+//   stage_s     = max(transfer_s, compute(overlap_items)) + compute(items)
+//                 + return transfer (backward)
+//   compute     = 4 * D * area * q_heads FLOP forward, 2.5x that backward
+//
+// and a layer's modeled time is the sum over stages of the slowest rank
+// (stages are collective steps). Numbers are estimates, stated in
+// docs/planner.md with their sources; the model ranks strategies, it does not
+// promise wall time.
+#ifndef HSAP_SERVER_PLAN_COST_MODEL_H_
+#define HSAP_SERVER_PLAN_COST_MODEL_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace hsap::plan {
+
+struct HardwareProfile {
+  std::string name;
+  std::string description;
+  double intra_bytes_per_s = 0;  // per rank, one direction
+  double inter_bytes_per_s = 0;  // per rank, one direction
+  double intra_latency_s = 0;
+  double inter_latency_s = 0;
+  double attention_flops = 0;    // forward attention FLOP/s of one rank
+  double backward_factor = 2.5;  // backward FLOPs / forward FLOPs
+};
+
+// "h100", "h200", "cpu-loopback".
+std::vector<std::string> HardwareProfileNames();
+bool IsKnownProfile(absl::string_view name);
+// REQUIRES: IsKnownProfile(name).
+const HardwareProfile& GetHardwareProfile(absl::string_view name);
+
+struct Plan;
+
+// Fills the modeled times of every rank (RankStats::*_us) and of the plan
+// (PlanStats::fwd_us, bwd_us, modeled_us, lower_bound_us).
+void ModelPlanTime(const HardwareProfile& profile, Plan* plan);
+
+}  // namespace hsap::plan
+
+#endif  // HSAP_SERVER_PLAN_COST_MODEL_H_

@@ -1,0 +1,262 @@
+#include "server/plan/inner_level.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "common/logging.h"
+
+namespace hsap::plan::internal {
+namespace {
+
+// One run of K/V rows a virtual rank receives.
+struct Arrival {
+  int32_t src = 0;
+  int64_t begin = 0;  // global
+  int64_t end = 0;
+  int64_t src_row = 0;  // home row of `begin` on src
+  int32_t stage = 0;
+  int64_t recv_row = 0;  // receive-buffer row of `begin`
+};
+
+// Cuts [begin, end) of `owners` (sorted, partition) into owner runs and calls
+// f(owner_segment, sub_begin, sub_end).
+template <typename F>
+void ForEachOwnerPiece(const std::vector<OwnerSegment>& owners, int64_t begin, int64_t end,
+                       F&& f) {
+  auto it = std::upper_bound(owners.begin(), owners.end(), begin,
+                             [](int64_t x, const OwnerSegment& s) { return x < s.begin; });
+  if (it != owners.begin()) --it;
+  for (; it != owners.end() && it->begin < end; ++it) {
+    const int64_t a = std::max(begin, it->begin), b = std::min(end, it->end);
+    if (a < b) f(*it, a, b);
+  }
+}
+
+// Greedy stage packing for allgather and exact need: each receiver's arrivals
+// in order go to the earliest stage (from the receiver's current one) where
+// both the receiver's receive rows and the sender's returned rows (backward
+// dK/dV) stay within the budget; runs are split where a stage fills.
+void PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows) {
+  const size_t n = arrivals->size();
+  std::vector<std::vector<int64_t>> ret_load(n);
+  auto room_ret = [&](int32_t src, int32_t s) {
+    auto& l = ret_load[src];
+    if (static_cast<int32_t>(l.size()) <= s) l.resize(s + 1, 0);
+    return budget_rows - l[s];
+  };
+  for (size_t v = 0; v < n; ++v) {
+    std::vector<Arrival> out;
+    int32_t stage = 0;
+    int64_t recv_load = 0;
+    for (Arrival a : (*arrivals)[v]) {
+      while (a.begin < a.end) {
+        const int64_t room = std::min(budget_rows - recv_load, room_ret(a.src, stage));
+        if (room <= 0) {
+          if (budget_rows - recv_load <= 0) {
+            ++stage;
+            recv_load = 0;
+          } else {
+            // The sender's returns are full in this stage: look further
+            // without closing the receiver's stage for other senders.
+            int32_t s = stage + 1;
+            while (room_ret(a.src, s) <= 0) ++s;
+            // Place this run in stage s (the receiver's load there is 0 or
+            // tracked below), keeping receiver order per stage irrelevant.
+            const int64_t take = std::min({a.end - a.begin, room_ret(a.src, s), budget_rows});
+            Arrival piece = a;
+            piece.end = a.begin + take;
+            piece.stage = s;
+            ret_load[a.src][s] += take;
+            out.push_back(piece);
+            a.src_row += take;
+            a.begin += take;
+            // The receiver's later stage s now holds `take` rows: move on to it.
+            stage = s;
+            recv_load = 0;
+            for (const Arrival& o : out) {
+              if (o.stage == s) recv_load += o.end - o.begin;
+            }
+          }
+          continue;
+        }
+        const int64_t take = std::min(room, a.end - a.begin);
+        Arrival piece = a;
+        piece.end = a.begin + take;
+        piece.stage = stage;
+        ret_load[a.src][stage] += take;
+        recv_load += take;
+        out.push_back(piece);
+        a.src_row += take;
+        a.begin += take;
+      }
+    }
+    (*arrivals)[v] = std::move(out);
+  }
+}
+
+}  // namespace
+
+std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
+                                       const std::vector<std::vector<OwnerSegment>>& home,
+                                       const std::vector<OwnerSegment>& owners, InnerKind kind,
+                                       int64_t budget_rows) {
+  const int32_t V = static_cast<int32_t>(home.size());
+  const auto slices = index.slices();
+  std::vector<InnerRank> out(V);
+  std::vector<std::vector<Demand>> demands(V);
+  std::vector<std::vector<Arrival>> arrivals(V);
+  for (int32_t v = 0; v < V; ++v) {
+    demands[v] = ComputeDemands(index, home[v]);
+    const std::vector<TokenRange> need = ExactNeed(demands[v], home[v]);
+    out[v].exact_need_rows = TotalTokens(need);
+    if (kind == InnerKind::kExactNeed) {
+      for (const TokenRange& t : need) {
+        ForEachOwnerPiece(owners, t.begin, t.end, [&](const OwnerSegment& o, int64_t a, int64_t b) {
+          arrivals[v].push_back({o.rank, a, b, o.local_row + (a - o.begin), 0, 0});
+        });
+      }
+    } else if (kind == InnerKind::kAllGather) {
+      for (const OwnerSegment& o : owners) {
+        if (o.rank != v) arrivals[v].push_back({o.rank, o.begin, o.end, o.local_row, 0, 0});
+      }
+    }
+  }
+  int32_t num_stages = 1;
+  if (kind == InnerKind::kRing) {
+    int64_t max_rows = 0;
+    for (const auto& h : home) {
+      int64_t n = 0;
+      for (const OwnerSegment& s : h) n += s.end - s.begin;
+      max_rows = std::max(max_rows, n);
+    }
+    const int64_t chunks = std::max<int64_t>(1, (max_rows + budget_rows - 1) / budget_rows);
+    for (int32_t v = 0; v < V; ++v) {
+      for (int32_t k = 1; k < V; ++k) {
+        const int32_t src = (v - k + V) % V;
+        // Home rows of src cut at multiples of budget_rows: chunk j is stage
+        // (k - 1) * chunks + j.
+        for (const OwnerSegment& s : home[src]) {
+          int64_t a = s.begin;
+          while (a < s.end) {
+            const int64_t row = s.local_row + (a - s.begin);
+            const int64_t j = row / budget_rows;
+            const int64_t b = std::min(s.end, a + (j + 1) * budget_rows - row);
+            arrivals[v].push_back(
+                {src, a, b, row, static_cast<int32_t>((k - 1) * chunks + j), 0});
+            a = b;
+          }
+        }
+      }
+    }
+    num_stages = std::max<int64_t>(1, (V - 1) * chunks);
+  } else {
+    PackGreedy(&arrivals, budget_rows);
+  }
+  for (const auto& av : arrivals) {
+    for (const Arrival& a : av) num_stages = std::max(num_stages, a.stage + 1);
+  }
+  for (int32_t v = 0; v < V; ++v) out[v].stages.assign(num_stages, Stage{});
+
+  // Receive rows: per stage, in (src, global) order from row 0.
+  for (int32_t v = 0; v < V; ++v) {
+    auto& av = arrivals[v];
+    std::sort(av.begin(), av.end(), [](const Arrival& a, const Arrival& b) {
+      return std::tie(a.stage, a.src, a.begin) < std::tie(b.stage, b.src, b.begin);
+    });
+    int64_t row = 0;
+    for (size_t i = 0; i < av.size(); ++i) {
+      Arrival& a = av[i];
+      if (i == 0 || av[i - 1].stage != a.stage) row = 0;
+      a.recv_row = row;
+      row += a.end - a.begin;
+      Stage& st = out[v].stages[a.stage];
+      if (st.recvs.empty() || st.recvs.back().peer != a.src) {
+        Transfer t;
+        t.peer = a.src;
+        t.payload = Payload::kKv;
+        t.space = RowSpace::kRecv;
+        t.buffer_offset = a.recv_row;
+        st.recvs.push_back(t);
+      }
+      st.recvs.back().segments.push_back({a.begin, a.end, a.recv_row});
+      st.recvs.back().bytes += a.end - a.begin;
+    }
+  }
+  // Sends mirror receives, grouped by (stage, receiver); receivers visited in
+  // increasing order so each stage's sends are sorted by peer.
+  for (int32_t v = 0; v < V; ++v) {
+    for (int32_t s = 0; s < num_stages; ++s) {
+      for (const Transfer& r : out[v].stages[s].recvs) {
+        Transfer t;
+        t.peer = v;
+        t.payload = Payload::kKv;
+        t.space = RowSpace::kHome;
+        t.bytes = r.bytes;
+        // Source rows: find each run's home row on the sender.
+        for (const Segment& seg : r.segments) {
+          ForEachOwnerPiece(owners, seg.global_begin, seg.global_end,
+                            [&](const OwnerSegment& o, int64_t a, int64_t b) {
+                              t.segments.push_back({a, b, o.local_row + (a - o.begin)});
+                            });
+        }
+        out[r.peer].stages[s].sends.push_back(std::move(t));
+      }
+    }
+  }
+
+  // Work items.
+  for (int32_t v = 0; v < V; ++v) {
+    auto by_global = arrivals[v];
+    std::sort(by_global.begin(), by_global.end(),
+              [](const Arrival& a, const Arrival& b) { return a.begin < b.begin; });
+    int64_t area = 0;
+    for (const Demand& d : demands[v]) {
+      const MaskSlice& s = slices[d.slice];
+      auto emit = [&](int64_t x, int64_t y, RowSpace space, int64_t kv_row, int32_t stage) {
+        const MaskSlice rows_slice = SubSlice(s, d.q_begin, d.q_end, s.k_begin, s.k_end);
+        const TokenRange rows = RowsSeeing(rows_slice, x, y);
+        if (rows.empty()) return;
+        const MaskSlice piece = SubSlice(s, rows.begin, rows.end, x, y);
+        const int64_t a = SliceArea(piece);
+        if (a == 0) return;
+        area += a;
+        WorkItem w;
+        w.q_row = d.q_row + (rows.begin - d.q_begin);
+        w.num_q = rows.size();
+        w.kv_space = space;
+        w.kv_row = kv_row;
+        w.num_k = y - x;
+        w.type = piece.type;
+        w.offset = piece.type == MaskType::kCausal ? piece.offset : 0;
+        w.window = piece.type == MaskType::kCausal ? piece.window : -1;
+        Stage& st = out[v].stages[stage];
+        (space == RowSpace::kHome ? st.overlap_items : st.items).push_back(w);
+      };
+      ForEachOwnerPiece(owners, d.k_begin, d.k_end,
+                        [&](const OwnerSegment& o, int64_t a, int64_t b) {
+                          if (o.rank == v) {
+                            emit(a, b, RowSpace::kHome, o.local_row + (a - o.begin), 0);
+                            return;
+                          }
+                          auto it = std::upper_bound(
+                              by_global.begin(), by_global.end(), a,
+                              [](int64_t x, const Arrival& r) { return x < r.begin; });
+                          HSAP_CHECK(it != by_global.begin()) << "key " << a << " never arrives";
+                          --it;
+                          while (a < b) {
+                            HSAP_CHECK(it != by_global.end() && it->begin <= a && a < it->end)
+                                << "key " << a << " never arrives";
+                            const int64_t e = std::min(b, it->end);
+                            emit(a, e, RowSpace::kRecv, it->recv_row + (a - it->begin),
+                                 it->stage);
+                            a = e;
+                            ++it;
+                          }
+                        });
+    }
+    out[v].area = area;
+  }
+  return out;
+}
+
+}  // namespace hsap::plan::internal

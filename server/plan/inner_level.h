@@ -1,0 +1,44 @@
+// Internal to the compiler: the point-to-point level of a plan.
+//
+// The ranks of this level are *virtual ranks*: a rank itself (ring,
+// allgather, sap) or the union of a head-parallel group (usp, hsap: a node).
+// Each virtual rank has home rows (global runs at home row offsets). The
+// level decides which K/V rows travel where, in which stage, into which
+// receive-buffer rows, and the work items; transfer sizes are in *rows* here
+// (Transfer::bytes and buffer_offset count rows) and are scaled to bytes per
+// head slot by the compiler.
+#ifndef HSAP_SERVER_PLAN_INNER_LEVEL_H_
+#define HSAP_SERVER_PLAN_INNER_LEVEL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "server/plan/demand.h"
+#include "server/plan/dispatch.h"
+#include "server/plan/plan.h"
+
+namespace hsap::plan::internal {
+
+enum class InnerKind {
+  kRing,       // round k delivers virtual rank (v - k)'s rows, chunked by the budget
+  kAllGather,  // every other virtual rank's rows, packed by the budget
+  kExactNeed,  // only the keys the rank's queries see (sap)
+};
+
+struct InnerRank {
+  std::vector<Stage> stages;  // all virtual ranks: the same count, >= 1
+  int64_t exact_need_rows = 0;
+  int64_t area = 0;  // allowed pairs computed
+};
+
+// REQUIRES: home[v] lists virtual rank v's runs in home-row order; owners is
+// the union of all home runs sorted by global position (rank = virtual rank)
+// and partitions [0, T); budget_rows >= 1.
+std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
+                                       const std::vector<std::vector<OwnerSegment>>& home,
+                                       const std::vector<OwnerSegment>& owners, InnerKind kind,
+                                       int64_t budget_rows);
+
+}  // namespace hsap::plan::internal
+
+#endif  // HSAP_SERVER_PLAN_INNER_LEVEL_H_
