@@ -89,7 +89,7 @@ TEST(DaemonProcessTest, DrainReportsNotServingAndFinishesTheCallInFlight) {
   auto client = client::Client::Connect(daemon->socket());
   ASSERT_TRUE(client.ok());
   // One long bidirectional document: a call that takes a while on 2 cores.
-  const int64_t tokens = 8192;
+  const int64_t tokens = 4096;
   auto b = client::AttentionBuffers::Create(client->get(), {tokens, 8, 8, 128, DType::kFloat32}, "drain");
   ASSERT_TRUE(b.ok()) << b.status();
   (*b)->FillInputs(1);
