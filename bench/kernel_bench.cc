@@ -290,12 +290,13 @@ int Main(int argc, char** argv) {
   std::printf("pack: T=%lld tokens, %zu causal documents (longest %lld), area %lld pairs\n",
               static_cast<long long>(opt.tokens), slices.size(), static_cast<long long>(longest),
               static_cast<long long>(area));
+  char blas[96] = "not found";
+  if (!gemm.blas_core.empty()) {
+    std::snprintf(blas, sizeof(blas), "%.1f GFLOP/s (core %s)", gemm.blas_gflops,
+                  gemm.blas_core.c_str());
+  }
   std::printf("fp32 GEMM 1920^3: own Highway sgemm %.1f GFLOP/s; OpenBLAS %s\n",
-              gemm.own_gflops,
-              gemm.blas_core.empty()
-                  ? "not found"
-                  : (std::to_string(gemm.blas_gflops).substr(0, 6) + " GFLOP/s (core " +
-                     gemm.blas_core + ")").c_str());
+              gemm.own_gflops, blas);
   std::printf("machine GEMM rate (the higher): %.1f GFLOP/s (%s)\n\n", gemm_rate,
               gemm.own_gflops >= gemm.blas_gflops ? "own sgemm" : "OpenBLAS");
 
