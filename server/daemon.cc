@@ -36,6 +36,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->attention_ = std::make_unique<AttentionService>(d->state_.get());
   d->regions_ = std::make_unique<RegionsService>(d->state_.get());
   d->cluster_ = std::make_unique<ClusterService>(d->state_.get());
+  d->plans_ = std::make_unique<PlansService>(&d->state_->plans);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -50,6 +51,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   builder.RegisterService(d->attention_.get());
   builder.RegisterService(d->regions_.get());
   builder.RegisterService(d->cluster_.get());
+  builder.RegisterService(d->plans_.get());
   const mode_t old_mask = umask(0177);  // the Unix socket is created 0600
   d->server_ = builder.BuildAndStart();
   umask(old_mask);
@@ -78,7 +80,7 @@ void Daemon::SetServing(bool serving) {
   auto* health = server_->GetHealthCheckService();
   if (health == nullptr) return;
   health->SetServingStatus(serving);
-  for (const char* service : {"hsap.v1.Attention", "hsap.v1.Regions", "hsap.v1.Cluster"}) {
+  for (const char* service : {"hsap.v1.Attention", "hsap.v1.Regions", "hsap.v1.Cluster", "hsap.v1.Plans"}) {
     health->SetServingStatus(service, serving);
   }
 }

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "server/daemon_state.h"
+#include "server/grpc/plans_service.h"
 #include "server/grpc/services.h"
 #include "server/shm/session_socket.h"
 
@@ -60,6 +61,7 @@ class Daemon {
   std::unique_ptr<AttentionService> attention_;
   std::unique_ptr<RegionsService> regions_;
   std::unique_ptr<ClusterService> cluster_;
+  std::unique_ptr<PlansService> plans_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<shm::SessionSocket> session_socket_;
   bool drained_ = false;

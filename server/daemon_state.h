@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/thread_pool.h"
 #include "server/exec/call_gate.h"
+#include "server/plan/plan_cache.h"
 #include "server/grpc/attention_validation.h"
 #include "server/shm/region_registry.h"
 #include "server/shm/session_manager.h"
@@ -26,6 +27,7 @@ struct DaemonState {
   CallGate gate;
   kernels::cpu::ThreadPool pool;
   ValidationLimits limits;
+  plan::PlanCache plans;
   std::vector<std::string> device_names;  // "cpu:0", ...
   std::atomic<uint64_t> calls_total{0};
   std::atomic<uint64_t> busy_micros{0};

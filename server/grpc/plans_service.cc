@@ -1,0 +1,139 @@
+#include "server/grpc/plans_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/grpc/status_util.h"
+#include "server/plan/compiler.h"
+#include "server/plan/plan_proto.h"
+
+namespace hsap {
+namespace {
+
+// plan::Strategy and plan::AssignmentPolicy share the proto enums' numbers.
+hsap::v1::Strategy ToProto(plan::Strategy s) { return static_cast<hsap::v1::Strategy>(s); }
+
+hsap::v1::AssignmentPolicy ToProto(plan::AssignmentPolicy a) {
+  return static_cast<hsap::v1::AssignmentPolicy>(a);
+}
+
+hsap::v1::PlanSummary Summary(const plan::PlanCacheEntry& e) {
+  hsap::v1::PlanSummary s;
+  s.set_plan_key(e.key.ToHex());
+  s.set_strategy(ToProto(e.strategy));
+  s.set_assignment(ToProto(e.assignment));
+  s.set_ranks(e.num_ranks);
+  s.set_total_tokens(e.total_tokens);
+  s.set_size_bytes(e.bytes);
+  s.set_hits(e.hits);
+  s.set_compile_seconds(e.compile_us * 1e-6);
+  s.set_modeled_us(e.modeled_us);
+  return s;
+}
+
+absl::StatusOr<plan::PlanKey> ParseKey(const std::string& hex) {
+  plan::PlanKey key;
+  if (!plan::PlanKey::FromHex(hex, &key)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan_key '", hex.substr(0, 40), "' is not 32 hex digits"));
+  }
+  return key;
+}
+
+}  // namespace
+
+grpc::Status PlansService::Dispatch(grpc::ServerContext*, const hsap::v1::DispatchRequest* request,
+                                    hsap::v1::DispatchResponse* response) {
+  auto spec = plan::PlanSpecFromProto(request->spec());
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
+  auto p = cache_->GetOrCompile(*spec);
+  if (!p.ok()) return ToGrpcStatus(p.status());
+  *response->mutable_dispatch() = plan::DispatchToProto((*p)->dispatch);
+  response->set_strategy(ToProto((*p)->strategy));
+  response->set_plan_key((*p)->key.ToHex());
+  return grpc::Status::OK;
+}
+
+grpc::Status PlansService::CompilePlan(grpc::ServerContext*,
+                                       const hsap::v1::CompilePlanRequest* request,
+                                       hsap::v1::CompilePlanResponse* response) {
+  auto spec = plan::PlanSpecFromProto(request->spec());
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
+  std::shared_ptr<const plan::Plan> p;
+  if (request->skip_cache()) {
+    auto compiled = plan::CompilePlan(*spec);
+    if (!compiled.ok()) return ToGrpcStatus(compiled.status());
+    p = std::make_shared<const plan::Plan>(std::move(compiled).value());
+  } else {
+    const int64_t hits_before = cache_->Stats().hits;
+    auto cached = cache_->GetOrCompile(*spec);
+    if (!cached.ok()) return ToGrpcStatus(cached.status());
+    p = std::move(cached).value();
+    response->set_cache_hit(cache_->Stats().hits > hits_before);
+  }
+  response->set_plan_key(p->key.ToHex());
+  *response->mutable_stats() = plan::PlanStatsToProto(p->stats);
+  if (request->include_plan()) *response->mutable_plan() = plan::PlanToProto(*p);
+  return grpc::Status::OK;
+}
+
+grpc::Status PlansService::ListPlans(grpc::ServerContext*, const hsap::v1::ListPlansRequest* request,
+                                     hsap::v1::ListPlansResponse* response) {
+  if (request->limit() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("limit is ", request->limit(), "; it must be >= 0 (0 = all)")));
+  }
+  for (const auto& e : cache_->List()) {
+    if (request->limit() > 0 && response->plans_size() >= request->limit()) break;
+    *response->add_plans() = Summary(e);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PlansService::ShowPlan(grpc::ServerContext*, const hsap::v1::ShowPlanRequest* request,
+                                    hsap::v1::ShowPlanResponse* response) {
+  auto key = ParseKey(request->plan_key());
+  if (!key.ok()) return ToGrpcStatus(key.status());
+  auto p = cache_->Show(*key);
+  if (!p.ok()) return ToGrpcStatus(p.status());
+  for (const auto& e : cache_->List()) {
+    if (e.key == *key) *response->mutable_summary() = Summary(e);
+  }
+  *response->mutable_plan() = plan::PlanToProto(**p);
+  return grpc::Status::OK;
+}
+
+grpc::Status PlansService::GetPlanCacheStats(grpc::ServerContext*,
+                                             const hsap::v1::GetPlanCacheStatsRequest*,
+                                             hsap::v1::GetPlanCacheStatsResponse* response) {
+  const plan::PlanCacheStats s = cache_->Stats();
+  auto* out = response->mutable_stats();
+  out->set_hits(s.hits);
+  out->set_misses(s.misses);
+  out->set_evictions(s.evictions);
+  out->set_entries(s.entries);
+  out->set_size_bytes(s.bytes);
+  out->set_capacity_bytes(s.max_bytes);
+  out->set_compile_seconds_total(s.compile_us_total * 1e-6);
+  out->set_compile_seconds_max(s.compile_us_max * 1e-6);
+  return grpc::Status::OK;
+}
+
+grpc::Status PlansService::EvictPlans(grpc::ServerContext*, const hsap::v1::EvictPlansRequest* request,
+                                      hsap::v1::EvictPlansResponse* response) {
+  if (request->all()) {
+    if (request->plan_keys_size() > 0) {
+      return ToGrpcStatus(absl::InvalidArgumentError("give plan_keys or all = true, not both"));
+    }
+    response->set_evicted(static_cast<uint32_t>(cache_->Clear()));
+    return grpc::Status::OK;
+  }
+  uint32_t evicted = 0;
+  for (const std::string& hex : request->plan_keys()) {
+    auto key = ParseKey(hex);
+    if (!key.ok()) return ToGrpcStatus(key.status());
+    if (cache_->Evict(*key).ok()) ++evicted;
+  }
+  response->set_evicted(evicted);
+  return grpc::Status::OK;
+}
+
+}  // namespace hsap
