@@ -1,0 +1,101 @@
+// The call matcher: calls are collectives (DESIGN.md §7). Every local rank
+// of a group submits call_seq k, in its own gRPC thread; Arrive() returns to
+// all of them together once the last one has arrived, or fails all of them
+// with the same status — never leaves one waiting:
+//  * DEADLINE_EXCEEDED when a rank does not arrive by the call's deadline,
+//    naming the missing ranks;
+//  * INVALID_ARGUMENT when ranks disagree on the call (group size, or the
+//    key of the plan they would run: mask, shapes, options);
+//  * FAILED_PRECONDITION when a rank replays or skips a call_seq (each
+//    rank's calls of a group are numbered k, k + 1, ...);
+//  * the abort status after Abort() (draining, a lost peer).
+// A rank that arrives after its call already failed gets that failure at once.
+//
+// Thread-safe.
+#ifndef HSAP_SERVER_EXEC_CALL_MATCHER_H_
+#define HSAP_SERVER_EXEC_CALL_MATCHER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace hsap {
+
+// Per-group state that the layer above keeps alive across calls (for
+// example the in-process transport fabric of the group's local ranks).
+struct GroupResources {
+  virtual ~GroupResources() = default;
+};
+
+struct CallArrival {
+  std::string group;
+  int32_t group_size = 1;
+  int32_t rank = 0;
+  uint64_t call_seq = 0;
+  // Ranks of the group served by this daemon (all of them on one node).
+  std::vector<int32_t> local_ranks;
+  // Everything the ranks must agree on, e.g. the plan key in hex.
+  std::string agreement_key;
+};
+
+// What the ranks of one matched call share.
+struct MatchedCall {
+  std::string group;
+  uint64_t call_seq = 0;
+  std::shared_ptr<GroupResources> resources;
+};
+
+class CallMatcher {
+ public:
+  using ResourceFactory =
+      std::function<std::shared_ptr<GroupResources>(const std::string& group, int32_t group_size)>;
+
+  // `factory` (may be null) makes a group's resources on its first call.
+  explicit CallMatcher(ResourceFactory factory = nullptr) : factory_(std::move(factory)) {}
+  CallMatcher(const CallMatcher&) = delete;
+  CallMatcher& operator=(const CallMatcher&) = delete;
+
+  // See the file comment. REQUIRES: arrival.rank is one of local_ranks.
+  absl::StatusOr<std::shared_ptr<const MatchedCall>> Arrive(const CallArrival& arrival,
+                                                            absl::Time deadline);
+
+  // Fails every call waiting now, and every later arrival, with `reason`.
+  void Abort(const absl::Status& reason);
+
+  // Groups known (for status pages and tests).
+  int num_groups() const;
+
+ private:
+  struct PendingCall {
+    int32_t expected = 0;
+    std::vector<int32_t> arrived;
+    std::string agreement_key;
+    int32_t first_rank = 0;
+    absl::Status failure;  // set when the call failed for everyone
+    std::shared_ptr<MatchedCall> matched;  // set when complete
+    int32_t waiting = 0;   // ranks inside Arrive for this call
+  };
+  struct GroupState {
+    int32_t group_size = 0;
+    absl::flat_hash_map<int32_t, uint64_t> last_seq;  // per rank
+    absl::flat_hash_map<uint64_t, PendingCall> calls;
+    std::shared_ptr<GroupResources> resources;
+  };
+
+  const ResourceFactory factory_;
+  mutable absl::Mutex mu_;
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, GroupState> groups_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hsap
+
+#endif  // HSAP_SERVER_EXEC_CALL_MATCHER_H_

@@ -1,0 +1,122 @@
+#include "server/exec/call_matcher.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace hsap {
+namespace {
+
+using ::testing::HasSubstr;
+
+CallArrival Arrival(int32_t rank, uint64_t seq, const std::string& key = "k", int32_t size = 4) {
+  CallArrival a;
+  a.group = "g";
+  a.group_size = size;
+  a.rank = rank;
+  a.call_seq = seq;
+  for (int32_t r = 0; r < size; ++r) a.local_ranks.push_back(r);
+  a.agreement_key = key;
+  return a;
+}
+
+std::vector<absl::StatusOr<std::shared_ptr<const MatchedCall>>> RunRanks(
+    CallMatcher& m, const std::vector<CallArrival>& arrivals, absl::Duration timeout) {
+  std::vector<absl::StatusOr<std::shared_ptr<const MatchedCall>>> out(arrivals.size(),
+                                                                       absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  const absl::Time deadline = absl::Now() + timeout;
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    threads.emplace_back([&, i] { out[i] = m.Arrive(arrivals[i], deadline); });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+struct Counted : GroupResources {
+  explicit Counted(std::atomic<int>* n) { ++*n; }
+};
+
+TEST(CallMatcherTest, AllRanksMatchAndShareTheCall) {
+  std::atomic<int> made{0};
+  CallMatcher m([&](const std::string&, int32_t) { return std::make_shared<Counted>(&made); });
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    auto r = RunRanks(m, {Arrival(0, seq), Arrival(1, seq), Arrival(2, seq), Arrival(3, seq)},
+                      absl::Seconds(10));
+    for (auto& x : r) {
+      ASSERT_TRUE(x.ok()) << x.status();
+      EXPECT_EQ((*x).get(), (*r[0]).get());
+      EXPECT_EQ((*x)->call_seq, seq);
+    }
+  }
+  EXPECT_EQ(made.load(), 1);  // resources made once per group
+}
+
+TEST(CallMatcherTest, MissingRankFailsEveryoneWithDeadlineExceeded) {
+  CallMatcher m;
+  const absl::Time start = absl::Now();
+  auto r = RunRanks(m, {Arrival(0, 1), Arrival(1, 1), Arrival(2, 1)}, absl::Milliseconds(200));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  for (auto& x : r) {
+    EXPECT_EQ(x.status().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(std::string(x.status().message()), HasSubstr("rank(s) 3 did not arrive"));
+  }
+  // The late rank gets the same failure at once; the next call works.
+  auto late = m.Arrive(Arrival(3, 1), absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
+  auto next = RunRanks(m, {Arrival(0, 2), Arrival(1, 2), Arrival(2, 2), Arrival(3, 2)},
+                       absl::Seconds(10));
+  for (auto& x : next) EXPECT_TRUE(x.ok()) << x.status();
+}
+
+TEST(CallMatcherTest, DisagreementIsInvalidArgumentForAll) {
+  CallMatcher m;
+  auto r = RunRanks(m, {Arrival(0, 1, "aaa"), Arrival(1, 1, "aaa"), Arrival(2, 1, "bbb"),
+                        Arrival(3, 1, "aaa")},
+                    absl::Seconds(10));
+  for (auto& x : r) {
+    EXPECT_EQ(x.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(x.status().message()), HasSubstr("disagree on call 1"));
+  }
+}
+
+TEST(CallMatcherTest, ReplayAndSkipAreFailedPrecondition) {
+  CallMatcher m;
+  auto ok = RunRanks(m, {Arrival(0, 5, "k", 1)}, absl::Seconds(1));
+  ASSERT_TRUE(ok[0].ok());
+  auto replay = m.Arrive(Arrival(0, 5, "k", 1), absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(replay.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(replay.status().message()), HasSubstr("a replay"));
+  auto skip = m.Arrive(Arrival(0, 9, "k", 1), absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(skip.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(skip.status().message()), HasSubstr("the next must be 6"));
+  EXPECT_TRUE(m.Arrive(Arrival(0, 6, "k", 1), absl::Now() + absl::Seconds(1)).ok());
+}
+
+TEST(CallMatcherTest, GroupSizeMustNotChange) {
+  CallMatcher m;
+  ASSERT_TRUE(m.Arrive(Arrival(0, 1, "k", 1), absl::Now() + absl::Seconds(1)).ok());
+  auto r = m.Arrive(Arrival(0, 2, "k", 2), absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("group 'g' has size 1"));
+}
+
+TEST(CallMatcherTest, AbortWakesWaitingRanks) {
+  CallMatcher m;
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    m.Abort(absl::UnavailableError("hsapd is draining"));
+  });
+  const absl::Time start = absl::Now();
+  auto r = RunRanks(m, {Arrival(0, 1), Arrival(1, 1)}, absl::Seconds(30));
+  aborter.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (auto& x : r) EXPECT_EQ(x.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(m.Arrive(Arrival(2, 1), absl::Now()).status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace hsap
