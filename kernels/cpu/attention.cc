@@ -11,8 +11,9 @@
 // pair are added under RowLocks. GQA query heads of one KV head are separate
 // tasks that add into the same dK/dV rows, so K/V are never repeated.
 //
-// Tasks are sorted by estimated cost, largest first, and handed out
-// dynamically by the pool, which keeps the causal triangle balanced.
+// Tasks are grouped by KV head (cache locality) and sorted by estimated cost,
+// largest first, within a head; the pool hands them out dynamically, which
+// keeps the causal triangle balanced.
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
@@ -49,9 +50,14 @@ struct Task {
   int64_t cost;         // allowed (q, k) pairs, an upper estimate
 };
 
-void SortByCost(std::vector<Task>* tasks) {
-  std::stable_sort(tasks->begin(), tasks->end(),
-                   [](const Task& a, const Task& b) { return a.cost > b.cost; });
+// Tasks of one KV head run together (their K/V, or Q/dO, stay in the
+// last-level cache instead of streaming every head's data at once); within a
+// head the most expensive go first, so the cheap ones fill the gaps at the end.
+void SortForLocalityAndBalance(std::vector<Task>* tasks, int group) {
+  std::stable_sort(tasks->begin(), tasks->end(), [group](const Task& a, const Task& b) {
+    if (a.head / group != b.head / group) return a.head / group < b.head / group;
+    return a.cost > b.cost;
+  });
 }
 
 }  // namespace
@@ -163,7 +169,7 @@ void Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
       }
     }
   }
-  SortByCost(&tasks);
+  SortForLocalityAndBalance(&tasks, group);
   internal::RowLocks locks;
   const int64_t o_row_stride = static_cast<int64_t>(Hq) * D;
   RunParallel(pool, static_cast<int64_t>(tasks.size()), [&](int64_t index) {
@@ -221,7 +227,7 @@ void Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
       }
     }
   }
-  SortByCost(&tasks);
+  SortForLocalityAndBalance(&tasks, group);
   internal::RowLocks locks;
   const int64_t q_row = static_cast<int64_t>(Hq) * D, kv_row = static_cast<int64_t>(Hkv) * D;
   RunParallel(pool, static_cast<int64_t>(tasks.size()), [&](int64_t index) {
