@@ -26,7 +26,6 @@ absl::StatusOr<std::shared_ptr<const MatchedCall>> CallMatcher::Arrive(const Cal
         "; the next must be ", last->second + 1));
   }
   g.last_seq[a.rank] = a.call_seq;
-  if (g.resources == nullptr && factory_) g.resources = factory_(a.group, a.group_size);
 
   PendingCall& call = g.calls[a.call_seq];
   if (call.expected == 0) {
@@ -46,7 +45,7 @@ absl::StatusOr<std::shared_ptr<const MatchedCall>> CallMatcher::Arrive(const Cal
     auto m = std::make_shared<MatchedCall>();
     m->group = a.group;
     m->call_seq = a.call_seq;
-    m->resources = g.resources;
+    if (factory_) m->resources = factory_(a.group, a.group_size);
     call.matched = std::move(m);
   }
   auto done = [&call, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -29,8 +29,9 @@
 
 namespace hsap {
 
-// Per-group state that the layer above keeps alive across calls (for
-// example the in-process transport fabric of the group's local ranks).
+// Per-call state that the layer above creates once all local ranks have
+// arrived (for example the in-process transport fabric of the call's local
+// ranks). A fresh one per call, so a failed call leaves nothing poisoned.
 struct GroupResources {
   virtual ~GroupResources() = default;
 };
@@ -58,7 +59,7 @@ class CallMatcher {
   using ResourceFactory =
       std::function<std::shared_ptr<GroupResources>(const std::string& group, int32_t group_size)>;
 
-  // `factory` (may be null) makes a group's resources on its first call.
+  // `factory` (may be null) makes each matched call's resources.
   explicit CallMatcher(ResourceFactory factory = nullptr) : factory_(std::move(factory)) {}
   CallMatcher(const CallMatcher&) = delete;
   CallMatcher& operator=(const CallMatcher&) = delete;
@@ -87,7 +88,6 @@ class CallMatcher {
     int32_t group_size = 0;
     absl::flat_hash_map<int32_t, uint64_t> last_seq;  // per rank
     absl::flat_hash_map<uint64_t, PendingCall> calls;
-    std::shared_ptr<GroupResources> resources;
   };
 
   const ResourceFactory factory_;

@@ -1,0 +1,68 @@
+#include "server/exec/call_plan.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace hsap {
+
+absl::StatusOr<plan::Topology> GroupTopology(int32_t group_size, int32_t num_nodes,
+                                            int32_t devices_per_node) {
+  plan::Topology t;
+  if (group_size <= devices_per_node) {
+    t.num_nodes = 1;
+    t.devices_per_node = group_size;
+    return t;
+  }
+  if (group_size == num_nodes * devices_per_node) {
+    t.num_nodes = num_nodes;
+    t.devices_per_node = devices_per_node;
+    return t;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "call.group_size is ", group_size, " but this cluster serves groups of at most ",
+      devices_per_node, " rank(s) on one node or exactly ", num_nodes * devices_per_node,
+      " (", num_nodes, " node(s) x ", devices_per_node, " device slots)"));
+}
+
+plan::PlanSpec SpecForCall(const AttentionCall& call, const plan::Topology& topology,
+                           const std::string& profile) {
+  plan::PlanSpec spec;
+  if (!call.cu_seqlens.empty()) {
+    spec.cu_seqlens = call.cu_seqlens;
+    spec.causal = call.causal;
+    spec.window = call.causal ? call.window : -1;
+  } else {
+    spec.slices = call.slices;
+  }
+  spec.total_tokens = call.total_tokens;
+  spec.topology = topology;
+  spec.shape.num_heads_q = call.shape.num_heads_q;
+  spec.shape.num_heads_kv = call.shape.num_heads_kv;
+  spec.shape.head_dim = call.shape.head_dim;
+  spec.shape.dtype = call.shape.dtype;
+  // plan::Strategy / AssignmentPolicy share the proto enums' numbers.
+  spec.strategy = static_cast<plan::Strategy>(call.strategy);
+  spec.assignment = static_cast<plan::AssignmentPolicy>(call.assignment);
+  spec.profile = profile;
+  return spec;
+}
+
+absl::StatusOr<std::shared_ptr<const plan::Plan>> PlanForCall(const AttentionCall& call,
+                                                             const plan::Topology& topology,
+                                                             const std::string& profile,
+                                                             plan::PlanCache* cache,
+                                                             bool* cache_hit) {
+  const int64_t hits = cache->Stats().hits;
+  auto p = cache->GetOrCompile(SpecForCall(call, topology, profile));
+  if (!p.ok()) return p.status();
+  *cache_hit = cache->Stats().hits > hits;
+  const plan::RankPlan& rp = (*p)->ranks[call.rank];
+  if (rp.stats.tokens != call.local_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "q.shape[0] is ", call.local_tokens, " but the plan's dispatch gives rank ", call.rank,
+        " of ", call.group_size, " ", rp.stats.tokens,
+        " tokens (lay tokens out as Plans.Dispatch says for this mask and options)"));
+  }
+  return p;
+}
+
+}  // namespace hsap

@@ -1,0 +1,38 @@
+// From a validated attention call to the plan that runs it: the PlanSpec
+// (mask, topology, shapes, strategy, assignment, cost profile), the plan
+// from the daemon's cache, and the checks that tie the call's tensors to the
+// plan's dispatch (this rank must hold exactly the tokens the plan gives it).
+#ifndef HSAP_SERVER_EXEC_CALL_PLAN_H_
+#define HSAP_SERVER_EXEC_CALL_PLAN_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/exec/attention_call.h"
+#include "server/plan/plan.h"
+#include "server/plan/plan_cache.h"
+
+namespace hsap {
+
+// The topology a group of `group_size` ranks runs on: one node holding all
+// ranks (group_size <= devices of this node), or every node of the cluster
+// with `devices_per_node` ranks each. INVALID_ARGUMENT (naming
+// call.group_size) otherwise.
+absl::StatusOr<plan::Topology> GroupTopology(int32_t group_size, int32_t num_nodes,
+                                            int32_t devices_per_node);
+
+plan::PlanSpec SpecForCall(const AttentionCall& call, const plan::Topology& topology,
+                           const std::string& profile);
+
+// The plan of `call` (cached or compiled), checked against this rank's
+// tensors: q.shape[0] must equal the tokens the dispatch gives the rank.
+absl::StatusOr<std::shared_ptr<const plan::Plan>> PlanForCall(const AttentionCall& call,
+                                                             const plan::Topology& topology,
+                                                             const std::string& profile,
+                                                             plan::PlanCache* cache,
+                                                             bool* cache_hit);
+
+}  // namespace hsap
+
+#endif  // HSAP_SERVER_EXEC_CALL_PLAN_H_
