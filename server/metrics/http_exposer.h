@@ -1,0 +1,85 @@
+// Serves the text exposition format over HTTP (prometheus-cpp's Exposer),
+// with civetweb.
+//
+//   GET /metrics       200, Content-Type: text/plain; version=0.0.4;
+//                      charset=utf-8, the families of every registered
+//                      Collectable in registration order
+//   other method       405 (with Allow: GET) on /metrics
+//   any other path     404
+//
+// The server runs on civetweb's own threads (ExposerOptions::num_threads)
+// from Create() until the Exposer is destroyed (RAII: the destructor stops
+// civetweb and waits for requests in flight).
+//
+// Example:
+//   Registry registry;
+//   HSAP_ASSIGN_OR_RETURN(std::unique_ptr<Exposer> exposer,
+//                         Exposer::Create({.bind_address = "127.0.0.1:0"}));
+//   exposer->RegisterCollectable(&registry);
+//   HSAP_LOG(INFO) << "metrics on port " << exposer->port();
+#ifndef HSAP_SERVER_METRICS_HTTP_EXPOSER_H_
+#define HSAP_SERVER_METRICS_HTTP_EXPOSER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/metrics/metric_family.h"
+
+struct mg_context;
+struct mg_connection;
+
+namespace hsap::metrics {
+
+struct ExposerOptions {
+  // "host:port" with an IP literal host ("127.0.0.1", "0.0.0.0", "[::1]");
+  // port 0 picks a free port (see Exposer::port()).
+  std::string bind_address = "127.0.0.1:0";
+  // civetweb worker threads: concurrent scrapes served at once.
+  int num_threads = 2;
+  // A request that has not been read within this time is dropped.
+  int request_timeout_ms = 10000;
+};
+
+class Exposer {
+ public:
+  // Starts serving. INVALID_ARGUMENT for a malformed bind_address or
+  // num_threads < 1; UNAVAILABLE when civetweb cannot listen (address in
+  // use, not a local address), with civetweb's message.
+  static absl::StatusOr<std::unique_ptr<Exposer>> Create(const ExposerOptions& options);
+
+  Exposer(const Exposer&) = delete;
+  Exposer& operator=(const Exposer&) = delete;
+  // Stops listening and waits for requests in flight.
+  ~Exposer();
+
+  // Adds `collectable` to what /metrics serves. Thread-safe.
+  // REQUIRES: `collectable` outlives this Exposer, or is removed first.
+  void RegisterCollectable(const Collectable* collectable) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes it; a scrape in progress finishes first, so the caller may
+  // destroy `collectable` once this returns. Thread-safe.
+  void RemoveCollectable(const Collectable* collectable) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The TCP port actually bound (the chosen one when asked for port 0).
+  int port() const { return port_; }
+
+  // The body GET /metrics returns now. Thread-safe.
+  std::string Scrape() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  Exposer() = default;
+  static int HandleRequest(mg_connection* conn, void* self);
+  static int LogMessage(const mg_connection* conn, const char* message);
+
+  mg_context* context_ = nullptr;
+  int port_ = 0;
+  mutable absl::Mutex mu_;
+  std::vector<const Collectable*> collectables_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hsap::metrics
+
+#endif  // HSAP_SERVER_METRICS_HTTP_EXPOSER_H_
