@@ -8,6 +8,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils libcivetweb-dev
   libgtest-dev libgmock-dev libhwy-dev
+  prometheus
 )
 
 missing=()

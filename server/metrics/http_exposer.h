@@ -53,7 +53,9 @@ class Exposer {
 
   Exposer(const Exposer&) = delete;
   Exposer& operator=(const Exposer&) = delete;
-  // Stops listening and waits for requests in flight.
+  // Stops listening and waits for requests in flight. Takes up to 2 s:
+  // civetweb's accept loop notices the stop at its next poll timeout (a
+  // compile-time 2 s quantum in civetweb 1.15).
   ~Exposer();
 
   // Adds `collectable` to what /metrics serves. Thread-safe.

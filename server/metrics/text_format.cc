@@ -1,5 +1,6 @@
 #include "server/metrics/text_format.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -59,10 +60,42 @@ void AppendSample(absl::string_view name, const Labels& labels, const std::strin
 std::string FormatValue(double value) {
   if (std::isnan(value)) return "NaN";
   if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  // Shortest representation that parses back to the same double.
+  // Shortest digits that parse back to the same double, in scientific form
+  // ("-1.5e+06"), then laid out as Go's strconv.FormatFloat(v, 'g', -1, 64)
+  // does, which is what client_golang writes: exponent form when the decimal
+  // exponent is < -4 or >= 6 ("1e-05", "1.048576e+06"), plain otherwise
+  // ("0.0001", "123456"). Matching it byte for byte keeps le="..." label
+  // values identical to those of Go exporters.
   char buf[64];
-  const std::to_chars_result result = std::to_chars(buf, buf + sizeof(buf), value);
-  return std::string(buf, result.ptr);
+  const std::to_chars_result result =
+      std::to_chars(buf, buf + sizeof(buf), value, std::chars_format::scientific);
+  absl::string_view sci(buf, result.ptr - buf);
+  std::string out;
+  if (sci.front() == '-') {
+    out.push_back('-');
+    sci.remove_prefix(1);
+  }
+  const size_t e = sci.find('e');
+  std::string digits(sci.substr(0, e));
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  int exponent = 0;
+  std::from_chars(sci.data() + e + (sci[e + 1] == '+' ? 2 : 1), sci.data() + sci.size(), exponent);
+  if (exponent < -4 || exponent >= 6) {
+    out.push_back(digits[0]);
+    if (digits.size() > 1) absl::StrAppend(&out, ".", digits.substr(1));
+    const int magnitude = exponent < 0 ? -exponent : exponent;
+    absl::StrAppend(&out, "e", exponent < 0 ? "-" : "+", magnitude < 10 ? "0" : "", magnitude);
+  } else if (exponent >= 0) {
+    const size_t integer_digits = static_cast<size_t>(exponent) + 1;
+    if (digits.size() <= integer_digits) {
+      absl::StrAppend(&out, digits, std::string(integer_digits - digits.size(), '0'));
+    } else {
+      absl::StrAppend(&out, digits.substr(0, integer_digits), ".", digits.substr(integer_digits));
+    }
+  } else {
+    absl::StrAppend(&out, "0.", std::string(-exponent - 1, '0'), digits);
+  }
+  return out;
 }
 
 std::string EscapeLabelValue(absl::string_view value) { return Escape(value, true); }

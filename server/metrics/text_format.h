@@ -9,9 +9,11 @@
 //   <name>_bucket{<labels>,le="<bound>"} <count>    ... up to le="+Inf"
 //   <name>_sum{<labels>} <sum>
 //   <name>_count{<labels>} <count>
-// A series without labels has no braces. Numbers are written in the
-// shortest form that reads back to the same double ("0.1", "3", "1e+20"),
-// and "+Inf", "-Inf", "NaN". No timestamps. Output is a pure function of
+// A series without labels has no braces. Numbers are written with the
+// fewest digits that read back to the same double, laid out as Go's
+// strconv.FormatFloat(v, 'g', -1, 64) (what client_golang writes, so le
+// values match Go exporters'): "0.1", "3", "0.0001", "1e-05", "123456",
+// "1.048576e+06", and "+Inf", "-Inf", "NaN". No timestamps. Output is a pure function of
 // the input, so a registry's sorted Collect() serializes deterministically.
 #ifndef HSAP_SERVER_METRICS_TEXT_FORMAT_H_
 #define HSAP_SERVER_METRICS_TEXT_FORMAT_H_
@@ -33,7 +35,7 @@ std::string SerializeText(const std::vector<MetricFamily>& families);
 // Appends one family to `out`. REQUIRES: out != nullptr.
 void AppendFamilyText(const MetricFamily& family, std::string* out);
 
-// A sample value or bucket bound as the format spells it.
+// A sample value or bucket bound as the format spells it (see above).
 std::string FormatValue(double value);
 
 // A label value between double quotes: \ -> \\, " -> \", newline -> \n.

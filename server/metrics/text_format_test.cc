@@ -1,5 +1,6 @@
 #include "server/metrics/text_format.h"
 
+#include <cstdlib>
 #include <limits>
 
 #include "gtest/gtest.h"
@@ -8,17 +9,38 @@
 namespace hsap::metrics {
 namespace {
 
-TEST(FormatValueTest, ShortestRoundTripAndSpecials) {
+// Expected strings are Go's strconv.FormatFloat(v, 'g', -1, 64).
+TEST(FormatValueTest, MatchesGoShortestG) {
   EXPECT_EQ(FormatValue(0), "0");
   EXPECT_EQ(FormatValue(3), "3");
   EXPECT_EQ(FormatValue(-2), "-2");
   EXPECT_EQ(FormatValue(0.1), "0.1");
+  EXPECT_EQ(FormatValue(1.5), "1.5");
   EXPECT_EQ(FormatValue(0.00025), "0.00025");
+  EXPECT_EQ(FormatValue(0.0001), "0.0001");
+  EXPECT_EQ(FormatValue(0.00001), "1e-05");
+  EXPECT_EQ(FormatValue(-0.000012345), "-1.2345e-05");
+  EXPECT_EQ(FormatValue(123456), "123456");
+  EXPECT_EQ(FormatValue(100000), "100000");
+  EXPECT_EQ(FormatValue(1000000), "1e+06");
+  EXPECT_EQ(FormatValue(1048576), "1.048576e+06");
   EXPECT_EQ(FormatValue(1e20), "1e+20");
-  EXPECT_EQ(FormatValue(123456789012.0), "123456789012");
+  EXPECT_EQ(FormatValue(1.5e-300), "1.5e-300");
+  EXPECT_EQ(FormatValue(12.3456), "12.3456");
+  EXPECT_EQ(FormatValue(0.1 + 0.2), "0.30000000000000004");
+  EXPECT_EQ(FormatValue(9007199254740993.0), "9.007199254740992e+15");
   EXPECT_EQ(FormatValue(std::numeric_limits<double>::infinity()), "+Inf");
   EXPECT_EQ(FormatValue(-std::numeric_limits<double>::infinity()), "-Inf");
   EXPECT_EQ(FormatValue(std::numeric_limits<double>::quiet_NaN()), "NaN");
+}
+
+// Every printed value parses back to the same double.
+TEST(FormatValueTest, RoundTrips) {
+  for (double v : {0.1, 1.0 / 3, 2.0 / 3e-7, 6.02214076e23, 1e-320, 4.9e-324, 1.7976931348623157e308,
+                   123456.789, 999999.9999999999, -7e-5}) {
+    const std::string text = FormatValue(v);
+    EXPECT_EQ(std::strtod(text.c_str(), nullptr), v) << text;
+  }
 }
 
 TEST(EscapeTest, LabelValueEscapesBackslashQuoteNewline) {

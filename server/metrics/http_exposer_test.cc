@@ -1,0 +1,159 @@
+#include "server/metrics/http_exposer.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <memory>
+
+#include "gtest/gtest.h"
+#include "server/metrics/registry.h"
+#include "server/metrics/test_util.h"
+#include "server/metrics/text_format.h"
+
+namespace hsap::metrics {
+namespace {
+
+using testing::HttpRequest;
+using testing::HttpResponse;
+
+std::unique_ptr<Exposer> StartOrDie(const ExposerOptions& options = {}) {
+  absl::StatusOr<std::unique_ptr<Exposer>> exposer = Exposer::Create(options);
+  EXPECT_TRUE(exposer.ok()) << exposer.status();
+  return exposer.ok() ? *std::move(exposer) : nullptr;
+}
+
+// One exposer for the fixture's tests: stopping civetweb takes up to 2 s
+// (its accept loop's poll quantum), so each test starting its own would
+// make the suite slow for nothing.
+class ExposerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    registry_ = new Registry();
+    BuildCounter().Name("hits_total").Help("Hits.").Register(*registry_).Add({{"k", "v"}}).Increment(7);
+    exposer_ = StartOrDie().release();
+  }
+  static void TearDownTestSuite() {
+    delete exposer_;
+    delete registry_;
+  }
+  void SetUp() override {
+    ASSERT_NE(exposer_, nullptr);
+    exposer_->RegisterCollectable(registry_);
+  }
+  void TearDown() override { exposer_->RemoveCollectable(registry_); }
+
+  static Registry* registry_;
+  static Exposer* exposer_;
+};
+
+Registry* ExposerTest::registry_ = nullptr;
+Exposer* ExposerTest::exposer_ = nullptr;
+
+TEST_F(ExposerTest, PortZeroPicksARealPort) {
+  EXPECT_GT(exposer_->port(), 0);
+  EXPECT_LT(exposer_->port(), 65536);
+}
+
+TEST_F(ExposerTest, GetMetricsServesTheTextFormat) {
+  absl::StatusOr<HttpResponse> response = HttpRequest(exposer_->port(), "GET", "/metrics");
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->status_code, 200);
+  EXPECT_EQ(response->Header("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_EQ(response->body, SerializeText(registry_->Collect()));
+  EXPECT_NE(response->body.find("hits_total{k=\"v\"} 7\n"), std::string::npos) << response->body;
+  EXPECT_EQ(response->Header("Content-Length"), std::to_string(response->body.size()));
+}
+
+TEST_F(ExposerTest, QueryStringIsIgnored) {
+  absl::StatusOr<HttpResponse> response = HttpRequest(exposer_->port(), "GET", "/metrics?x=1");
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->status_code, 200);
+}
+
+TEST_F(ExposerTest, ValuesAreReadAtScrapeTime) {
+  Gauge& gauge = BuildGauge().Name("changing").Help("C.").Register(*registry_).Add({});
+  gauge.Set(1);
+  absl::StatusOr<HttpResponse> before = HttpRequest(exposer_->port(), "GET", "/metrics");
+  gauge.Set(2);
+  absl::StatusOr<HttpResponse> after = HttpRequest(exposer_->port(), "GET", "/metrics");
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_NE(before->body.find("\nchanging 1\n"), std::string::npos) << before->body;
+  EXPECT_NE(after->body.find("\nchanging 2\n"), std::string::npos) << after->body;
+}
+
+TEST_F(ExposerTest, OtherPathsAre404) {
+  for (const char* path : {"/", "/metric", "/metrics/", "/metricsx", "/favicon.ico"}) {
+    absl::StatusOr<HttpResponse> response = HttpRequest(exposer_->port(), "GET", path);
+    ASSERT_TRUE(response.ok()) << path << ": " << response.status();
+    EXPECT_EQ(response->status_code, 404) << path;
+  }
+}
+
+TEST_F(ExposerTest, OtherMethodsAre405) {
+  for (const char* method : {"POST", "PUT", "DELETE", "HEAD"}) {
+    absl::StatusOr<HttpResponse> response = HttpRequest(exposer_->port(), method, "/metrics");
+    ASSERT_TRUE(response.ok()) << method << ": " << response.status();
+    EXPECT_EQ(response->status_code, 405) << method;
+    EXPECT_EQ(response->Header("Allow"), "GET") << method;
+  }
+}
+
+TEST_F(ExposerTest, RemovedCollectableIsNoLongerServed) {
+  exposer_->RemoveCollectable(registry_);
+  absl::StatusOr<HttpResponse> response = HttpRequest(exposer_->port(), "GET", "/metrics");
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->status_code, 200);
+  EXPECT_EQ(response->body, "");
+}
+
+TEST_F(ExposerTest, SeveralCollectablesAreServedInRegistrationOrder) {
+  Registry second;
+  BuildGauge().Name("second_gauge").Help("S.").Register(second).Add({}).Set(2);
+  exposer_->RegisterCollectable(&second);
+  absl::StatusOr<HttpResponse> response = HttpRequest(exposer_->port(), "GET", "/metrics");
+  exposer_->RemoveCollectable(&second);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->body,
+            SerializeText(registry_->Collect()) + SerializeText(second.Collect()));
+}
+
+TEST(ExposerLifetimeTest, DestructionStopsListening) {
+  std::unique_ptr<Exposer> exposer = StartOrDie();
+  ASSERT_NE(exposer, nullptr);
+  const int port = exposer->port();
+  ASSERT_TRUE(HttpRequest(port, "GET", "/metrics").ok());
+  exposer.reset();
+  absl::StatusOr<HttpResponse> after = HttpRequest(port, "GET", "/metrics");
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable) << after.status();
+}
+
+TEST(ExposerCreateTest, MalformedAddressesAreInvalidArgument) {
+  for (const char* address : {"", "127.0.0.1", ":8080", "127.0.0.1:", "127.0.0.1:http",
+                              "127.0.0.1:65536", "127.0.0.1:8080s", "127.0.0.1:-1"}) {
+    absl::StatusOr<std::unique_ptr<Exposer>> exposer = Exposer::Create({.bind_address = address});
+    EXPECT_EQ(exposer.status().code(), absl::StatusCode::kInvalidArgument) << address;
+  }
+  EXPECT_EQ(Exposer::Create({.num_threads = 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ExposerCreateTest, PortInUseIsUnavailable) {
+  std::unique_ptr<Exposer> first = StartOrDie();
+  ASSERT_NE(first, nullptr);
+  absl::StatusOr<std::unique_ptr<Exposer>> second =
+      Exposer::Create({.bind_address = "127.0.0.1:" + std::to_string(first->port())});
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
+}
+
+TEST(ExposerCreateTest, NonLocalAddressIsUnavailable) {
+  // TEST-NET-1 (RFC 5737): never assigned to this machine.
+  absl::StatusOr<std::unique_ptr<Exposer>> exposer =
+      Exposer::Create({.bind_address = "192.0.2.1:0"});
+  EXPECT_EQ(exposer.status().code(), absl::StatusCode::kUnavailable) << exposer.status();
+}
+
+}  // namespace
+}  // namespace hsap::metrics
