@@ -1,0 +1,234 @@
+// Three Cluster instances in one process on loopback ports chosen at run
+// time: they form, agree on plans, abort calls; one is destroyed and the
+// others see it DOWN and abort; it comes back (new incarnation), the others
+// re-form (epoch increases) and UCX messages flow again.
+#include "server/cluster/cluster.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/transport/ucx_transport.h"
+
+namespace hsap::cluster {
+namespace {
+
+using ::testing::HasSubstr;
+using transport::UcxTransport;
+using transport::UcxWorker;
+
+constexpr int kNodes = 3;
+
+struct TestNode {
+  std::unique_ptr<UcxWorker> worker;
+  std::unique_ptr<Cluster> cluster;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  std::atomic<int> node_aborts{0};
+  std::atomic<int> last_aborted_node{-1};
+  std::atomic<int> call_aborts{0};
+};
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  // Creates node i's worker, cluster and server (port 0: chosen now, or the
+  // given port when it comes back).
+  void Create(int i, int port) {
+    TestNode& n = nodes_[i];
+    auto worker = UcxWorker::Create({});
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    n.worker = std::move(*worker);
+    n.cluster = std::make_unique<Cluster>();
+    n.cluster->AddNodeAbortCallback([&n](int32_t node, const absl::Status&) {
+      n.last_aborted_node = node;
+      ++n.node_aborts;
+    });
+    n.cluster->AddCallAbortCallback(
+        [&n](const std::string&, uint64_t, const absl::Status&) { ++n.call_aborts; });
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
+                             &n.port);
+    builder.RegisterService(n.cluster->service());
+    n.server = builder.BuildAndStart();
+    ASSERT_NE(n.server, nullptr);
+    ASSERT_GT(n.port, 0);
+  }
+
+  ClusterOptions Options(int i) const {
+    ClusterOptions o;
+    for (int j = 0; j < kNodes; ++j) o.peers.push_back(absl::StrCat("127.0.0.1:", nodes_[j].port));
+    o.node_rank = i;
+    o.heartbeat_period = absl::Milliseconds(100);
+    o.suspect_after = absl::Milliseconds(300);
+    o.down_after = absl::Milliseconds(600);
+    o.rpc_timeout = absl::Milliseconds(200);
+    o.join_timeout = absl::Seconds(10);
+    return o;
+  }
+
+  void Destroy(int i) {
+    TestNode& n = nodes_[i];
+    n.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
+    n.server.reset();
+    n.cluster.reset();
+    n.worker.reset();
+  }
+
+  // Every node sends every node (itself included) a message through UCX.
+  void ExpectUcxAllToAll(uint32_t comm) {
+    absl::Status results[kNodes];
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kNodes; ++i) {
+      threads.emplace_back([&, i] {
+        auto t = UcxTransport::Create(nodes_[i].worker.get(),
+                                      {.comm_id = comm, .rank = i, .node_of_rank = {0, 1, 2}});
+        if (!t.ok()) {
+          results[i] = t.status();
+          return;
+        }
+        std::vector<int64_t> out(kNodes), in(kNodes, -1);
+        std::vector<transport::SendOp> sends;
+        std::vector<transport::RecvOp> recvs;
+        for (int p = 0; p < kNodes; ++p) {
+          out[p] = comm * 100 + i * 10 + p;
+          sends.push_back({p, &out[p], 8});
+          recvs.push_back({p, &in[p], 8});
+        }
+        results[i] = (*t)->Exchange(1, sends, recvs, absl::Now() + absl::Seconds(10));
+        for (int p = 0; results[i].ok() && p < kNodes; ++p) {
+          if (in[p] != comm * 100 + p * 10 + i) {
+            results[i] = absl::InternalError(absl::StrCat("node ", i, " from ", p, ": ", in[p]));
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < kNodes; ++i) EXPECT_TRUE(results[i].ok()) << results[i];
+  }
+
+  void StartAll(const std::vector<int>& which) {
+    absl::Status results[kNodes];
+    std::vector<std::thread> threads;
+    for (int i : which) {
+      threads.emplace_back([&, i] { results[i] = nodes_[i].cluster->Start(Options(i), nodes_[i].worker.get()); });
+    }
+    for (auto& t : threads) t.join();
+    for (int i : which) ASSERT_TRUE(results[i].ok()) << "node " << i << ": " << results[i];
+  }
+
+  // Polls `condition` up to `timeout`.
+  template <typename F>
+  bool Eventually(F condition, absl::Duration timeout) {
+    const absl::Time give_up = absl::Now() + timeout;
+    while (absl::Now() < give_up) {
+      if (condition()) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return condition();
+  }
+
+  void TearDown() override {
+    for (int i = 0; i < kNodes; ++i) {
+      if (nodes_[i].server != nullptr) Destroy(i);
+    }
+  }
+
+  TestNode nodes_[kNodes];
+};
+
+TEST_F(ClusterTest, FormsAgreesLosesANodeAndReforms) {
+  for (int i = 0; i < kNodes; ++i) Create(i, 0);
+  StartAll({0, 1, 2});
+  for (int i = 0; i < kNodes; ++i) {
+    EXPECT_TRUE(nodes_[i].cluster->formed());
+    for (const NodeStatus& s : nodes_[i].cluster->NodeStates()) {
+      EXPECT_EQ(s.state, NodeState::kUp) << "node " << i << " sees " << s.node_rank;
+      EXPECT_NE(s.incarnation, 0u);
+    }
+  }
+  ExpectUcxAllToAll(1);
+
+  // Plan agreement: same key everywhere -> OK; one node differs -> every
+  // node FAILED_PRECONDITION.
+  {
+    absl::Status same[kNodes], differ[kNodes];
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kNodes; ++i) {
+      threads.emplace_back([&, i] {
+        const absl::Time deadline = absl::Now() + absl::Seconds(5);
+        same[i] = nodes_[i].cluster->AgreePlan({"g", 1, false}, "plan-A", deadline);
+        differ[i] = nodes_[i].cluster->AgreePlan({"g", 2, false}, i == 1 ? "plan-B" : "plan-A",
+                                                 deadline);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < kNodes; ++i) {
+      EXPECT_TRUE(same[i].ok()) << same[i];
+      EXPECT_TRUE(absl::IsFailedPrecondition(differ[i])) << "node " << i << ": " << differ[i];
+    }
+    EXPECT_THAT(std::string(differ[1].message()), HasSubstr("plan-B"));
+  }
+  // A missing node: the deadline names it.
+  {
+    const absl::Status s = nodes_[0].cluster->AgreePlan({"g", 3, false}, "plan-A",
+                                                        absl::Now() + absl::Milliseconds(300));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("not confirmed: 1, 2"));
+  }
+  // AbortCall reaches the others' callbacks.
+  nodes_[0].cluster->AbortCall("g", 4, absl::AbortedError("kernel failed"));
+  EXPECT_TRUE(Eventually([&] { return nodes_[1].call_aborts > 0 && nodes_[2].call_aborts > 0; },
+                         absl::Seconds(2)));
+
+  // Node 2 goes away.
+  const uint64_t epoch_before = nodes_[0].cluster->epoch();
+  const int aborts_before = nodes_[0].node_aborts;
+  const int port2 = nodes_[2].port;
+  const absl::Time lost_at = absl::Now();
+  Destroy(2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(Eventually(
+        [&] { return nodes_[i].cluster->NodeStates()[2].state == NodeState::kDown; },
+        absl::Seconds(3)))
+        << "node " << i << " never saw node 2 DOWN";
+    EXPECT_GT(nodes_[i].node_aborts, i == 0 ? aborts_before : 0);
+    EXPECT_EQ(nodes_[i].last_aborted_node, 2);
+    EXPECT_FALSE(nodes_[i].cluster->formed());
+  }
+  std::fprintf(stderr, "node 2 seen DOWN after %s\n",
+               absl::FormatDuration(absl::Now() - lost_at).c_str());
+
+  // It comes back on the same port with a new incarnation.
+  Create(2, port2);
+  ASSERT_EQ(nodes_[2].port, port2);
+  StartAll({2});
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(Eventually([&] { return nodes_[i].cluster->formed(); }, absl::Seconds(5)))
+        << "node " << i << " did not re-form";
+  }
+  EXPECT_GT(nodes_[0].cluster->epoch(), epoch_before);
+  EXPECT_GT(nodes_[1].cluster->epoch(), 1u);
+  ExpectUcxAllToAll(2);
+}
+
+TEST_F(ClusterTest, StartTimesOutNamingMissingNodes) {
+  Create(0, 0);
+  Create(1, 0);
+  ClusterOptions o = Options(0);
+  o.peers[2] = "127.0.0.1:1";  // nobody listens there
+  o.join_timeout = absl::Milliseconds(500);
+  const absl::Status s = nodes_[0].cluster->Start(o, nodes_[0].worker.get());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("1 (127.0.0.1:"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("2 (127.0.0.1:1, JOINING)"));
+}
+
+}  // namespace
+}  // namespace hsap::cluster
