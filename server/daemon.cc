@@ -24,9 +24,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   std::unique_ptr<Daemon> d(new Daemon(options));
   int threads = options.cpu_threads;
   if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  d->state_ = std::make_unique<DaemonState>(threads, options.region_limits);
+  d->state_ = std::make_unique<DaemonState>(threads, options.cpu_devices, options.region_limits);
   for (int i = 0; i < options.cpu_devices; ++i) d->state_->device_names.push_back(absl::StrCat("cpu:", i));
-  d->state_->limits.max_group_size = 1;
+  d->state_->limits.max_group_size = options.cpu_devices;
+  d->state_->runner.num_nodes = 1;
+  d->state_->runner.devices_per_node = options.cpu_devices;
+  d->state_->runner.default_deadline = options.call_deadline;
 
   const uint32_t uid = options.allowed_uid >= 0 ? options.allowed_uid : getuid();
   auto sessions = shm::SessionSocket::Start(d->session_socket_path(), &d->state_->sessions, uid);
@@ -91,6 +94,7 @@ void Daemon::Drain(absl::Duration timeout) {
   HSAP_LOG(INFO) << "draining: " << state_->gate.in_flight() << " call(s) in flight";
   SetServing(false);
   state_->gate.Close();
+  state_->matcher.Abort(absl::UnavailableError("hsapd is draining: the call was not started"));
   if (!state_->gate.WaitIdle(absl::Now() + timeout)) {
     HSAP_LOG(WARNING) << "drain timeout: " << state_->gate.in_flight() << " call(s) cut short";
   }

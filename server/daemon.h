@@ -33,6 +33,8 @@ struct DaemonOptions {
   int cpu_threads = 0;
   // uid allowed on the session socket besides root (default: our own).
   int allowed_uid = -1;
+  // Deadline of a call whose request gives none (CallOptions.deadline_ms 0).
+  absl::Duration call_deadline = absl::Seconds(60);
   shm::RegionLimits region_limits;
 };
 

@@ -11,6 +11,8 @@
 
 #include "kernels/cpu/thread_pool.h"
 #include "server/exec/call_gate.h"
+#include "server/exec/call_matcher.h"
+#include "server/exec/call_runner.h"
 #include "server/plan/plan_cache.h"
 #include "server/grpc/attention_validation.h"
 #include "server/shm/region_registry.h"
@@ -19,8 +21,11 @@
 namespace hsap {
 
 struct DaemonState {
-  explicit DaemonState(int cpu_threads, shm::RegionLimits region_limits = {})
-      : regions(region_limits), sessions(&regions), pool(cpu_threads) {}
+  DaemonState(int cpu_threads, int cpu_devices, shm::RegionLimits region_limits = {})
+      : regions(region_limits),
+        sessions(&regions),
+        pool(cpu_threads),
+        matcher(InProcessResources(cpu_devices)) {}
 
   shm::RegionRegistry regions;
   shm::SessionManager sessions;
@@ -28,6 +33,8 @@ struct DaemonState {
   kernels::cpu::ThreadPool pool;
   ValidationLimits limits;
   plan::PlanCache plans;
+  CallMatcher matcher;
+  CallRunnerOptions runner;
   std::vector<std::string> device_names;  // "cpu:0", ...
   std::atomic<uint64_t> calls_total{0};
   std::atomic<uint64_t> busy_micros{0};

@@ -22,6 +22,8 @@ ABSL_FLAG(int, port, 0, "TCP port for peers and operators; 0 = off");
 ABSL_FLAG(std::string, host, "127.0.0.1", "TCP address to listen on when --port is set");
 ABSL_FLAG(std::string, devices, "cpu:1", "device slots of this node: cpu:N");
 ABSL_FLAG(int, cpu_threads, 0, "threads for the CPU kernels; 0 = one per core");
+ABSL_FLAG(int, call_deadline_ms, 60000,
+          "deadline of a call whose request gives none: every rank must arrive and finish by then");
 ABSL_FLAG(int, drain_timeout_s, 30, "on SIGTERM/SIGINT, wait this long for calls in flight");
 
 namespace {
@@ -51,6 +53,7 @@ int main(int argc, char** argv) {
   options.tcp_port = absl::GetFlag(FLAGS_port);
   options.tcp_host = absl::GetFlag(FLAGS_host);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.call_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_call_deadline_ms));
   if (!ParseDevices(absl::GetFlag(FLAGS_devices), &options.cpu_devices)) {
     HSAP_LOG(ERROR) << "--devices=" << absl::GetFlag(FLAGS_devices)
                     << " is not of the form cpu:N (GPU slots need a CUDA build)";

@@ -23,6 +23,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -87,13 +88,15 @@ class CallMatcher {
   struct GroupState {
     int32_t group_size = 0;
     absl::flat_hash_map<int32_t, uint64_t> last_seq;  // per rank
-    absl::flat_hash_map<uint64_t, PendingCall> calls;
+    // node_hash_map: waiting ranks hold references to their PendingCall
+    // while other ranks insert later calls.
+    absl::node_hash_map<uint64_t, PendingCall> calls;
   };
 
   const ResourceFactory factory_;
   mutable absl::Mutex mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, GroupState> groups_ ABSL_GUARDED_BY(mu_);
+  absl::node_hash_map<std::string, GroupState> groups_ ABSL_GUARDED_BY(mu_);  // stable refs
 };
 
 }  // namespace hsap

@@ -1,7 +1,7 @@
 // Attention calls: validate at the entry, run, report stats.
 #include "absl/time/clock.h"
 #include "common/logging.h"
-#include "server/exec/single_rank.h"
+#include "server/exec/call_runner.h"
 #include "server/grpc/attention_validation.h"
 #include "server/grpc/services.h"
 #include "server/grpc/session_auth.h"
@@ -21,18 +21,25 @@ grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, con
   if (!session.ok()) return ToGrpcStatus(session.status());
   absl::StatusOr<AttentionCall> call = validate(request, *session, &state->regions, state->limits);
   if (!call.ok()) return ToGrpcStatus(call.status());
-  RunStats run;
-  absl::Status st = RunSingleRank(*call, &state->pool, &run);
+  CallOutcome outcome;
+  absl::Status st =
+      RunCall(*call, state->runner, &state->plans, &state->matcher, &state->pool, &outcome);
   if (!st.ok()) {
-    HSAP_LOG(ERROR) << "call " << call->group << "/" << call->call_seq << " failed: " << st;
+    HSAP_LOG(WARNING) << "call " << call->group << "/" << call->call_seq << " rank " << call->rank
+                      << " failed: " << st;
     return ToGrpcStatus(st);
   }
   state->calls_total.fetch_add(1, std::memory_order_relaxed);
-  state->busy_micros.fetch_add(static_cast<uint64_t>(run.compute_seconds * 1e6),
+  state->busy_micros.fetch_add(static_cast<uint64_t>(outcome.exec.compute_seconds * 1e6),
                                std::memory_order_relaxed);
-  stats->set_strategy(call->strategy);
-  stats->set_area(run.area);
-  stats->set_compute_seconds(run.compute_seconds);
+  stats->set_plan_key(outcome.plan_key);
+  stats->set_strategy(static_cast<hsap::v1::Strategy>(outcome.strategy));
+  stats->set_plan_cache_hit(outcome.plan_cache_hit);
+  stats->set_bytes_sent(outcome.exec.sent_bytes[0] + outcome.exec.sent_bytes[1]);
+  stats->set_bytes_received(outcome.exec.received_bytes[0] + outcome.exec.received_bytes[1]);
+  stats->set_area(outcome.exec.area);
+  stats->set_wait_seconds(outcome.wait_seconds);
+  stats->set_compute_seconds(outcome.exec.compute_seconds);
   stats->set_total_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   return grpc::Status::OK;
 }

@@ -182,6 +182,7 @@ TEST_F(BadRequestsTest, CuSeqlensFromRegionMatchesInline) {
   *r.mutable_mask()->mutable_cu_seqlens()->mutable_tensor() =
       (*cu_buf)->Ref(0, {static_cast<int64_t>(cu_.size())}, hsap::v1::DTYPE_INT32);
   std::memset(buffers_->o(), 0, kTokens * 4 * 32 * 4);
+  r.mutable_call()->set_call_seq(2);
   ASSERT_TRUE(client_->Forward(r).ok());
   EXPECT_EQ(0, std::memcmp(o_inline.data(), buffers_->o(), o_inline.size() * 4));
 }
