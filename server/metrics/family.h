@@ -43,6 +43,8 @@
 
 namespace hsap::metrics {
 
+class Registry;
+
 // What a builder hands the registry: everything that defines a family.
 struct FamilySpec {
   std::string name;
@@ -139,10 +141,11 @@ class Family final : public FamilyBase {
     return out;
   }
 
-  // REQUIRES: called once, by the registry, before the family is shared.
+ private:
+  friend class Registry;  // wires dropped_ once, before sharing the family
+
   void set_dropped_counter(Counter* dropped) { dropped_ = dropped; }
 
- private:
   std::unique_ptr<T> MakeSeries() const {
     if constexpr (std::is_same_v<T, Histogram>) {
       return std::make_unique<Histogram>(spec().buckets);

@@ -5,7 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "server/metrics/registry.h"
@@ -118,6 +121,39 @@ TEST_F(ExposerTest, SeveralCollectablesAreServedInRegistrationOrder) {
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->body,
             SerializeText(registry_->Collect()) + SerializeText(second.Collect()));
+}
+
+// Scrapes from several clients while writers update: every response is
+// complete, and the last one has the exact total.
+TEST_F(ExposerTest, ConcurrentScrapesWhileUpdating) {
+  constexpr int kWriters = 2;
+  constexpr int kIncrements = 50000;
+  Counter& counter =
+      BuildCounter().Name("busy_total").Help("B.").Register(*registry_).Add({{"w", "all"}});
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kIncrements; ++i) counter.Increment();
+    });
+  }
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 10; ++i) {
+        absl::StatusOr<HttpResponse> response = HttpRequest(exposer_->port(), "GET", "/metrics");
+        if (!response.ok() || response->status_code != 200 ||
+            response->body.find("busy_total{w=\"all\"} ") == std::string::npos ||
+            response->Header("Content-Length") != std::to_string(response->body.size())) {
+          failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  absl::StatusOr<HttpResponse> last = HttpRequest(exposer_->port(), "GET", "/metrics");
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_NE(last->body.find("busy_total{w=\"all\"} 100000\n"), std::string::npos) << last->body;
 }
 
 TEST(ExposerLifetimeTest, DestructionStopsListening) {
