@@ -1,0 +1,333 @@
+#include "server/plan/balanced_dispatch.h"
+
+#include <algorithm>
+#include <climits>
+#include <functional>
+#include <tuple>
+#include <utility>
+
+#include "server/plan/demand.h"
+#include "server/plan/dispatch.h"
+
+namespace hsap::plan::internal {
+namespace {
+
+// Quota of rank r: floor(T / P) plus one for the first T % P ranks.
+int64_t Quota(int64_t total, int32_t ranks, int32_t r) {
+  return total / ranks + (r < total % ranks ? 1 : 0);
+}
+
+// A run of query rows [begin, end) whose slices are slices[first, last)
+// (a document: one slice; rows no slice covers: none).
+struct Unit {
+  int64_t begin = 0;
+  int64_t end = 0;
+  size_t first_slice = 0;
+  size_t last_slice = 0;
+  int64_t area = 0;
+};
+
+int64_t PrefixArea(absl::Span<const MaskSlice> slices, const Unit& u, int64_t x) {
+  int64_t a = 0;
+  for (size_t i = u.first_slice; i < u.last_slice; ++i) {
+    a += SliceArea(ClipRows(slices[i], slices[i].q_begin, x));
+  }
+  return a;
+}
+
+// Groups slices with overlapping query rows into units and fills the rows no
+// slice covers with area-0 units.
+std::vector<Unit> BuildUnits(absl::Span<const MaskSlice> slices, int64_t total) {
+  std::vector<Unit> units;
+  int64_t cursor = 0;
+  size_t i = 0;
+  while (i < slices.size()) {
+    Unit u;
+    u.begin = slices[i].q_begin;
+    u.end = slices[i].q_end;
+    u.first_slice = i;
+    for (++i; i < slices.size() && slices[i].q_begin < u.end; ++i) {
+      u.end = std::max(u.end, slices[i].q_end);
+    }
+    u.last_slice = i;
+    if (u.begin > cursor) units.push_back({cursor, u.begin, 0, 0, 0});
+    for (size_t j = u.first_slice; j < u.last_slice; ++j) u.area += SliceArea(slices[j]);
+    units.push_back(u);
+    cursor = u.end;
+  }
+  if (cursor < total) units.push_back({cursor, total, 0, 0, 0});
+  return units;
+}
+
+struct Item {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t area = 0;
+  int64_t unit = 0;
+};
+
+// The items of one level: units of at most `piece` tokens whole, longer ones
+// cut into pieces of `piece` tokens (a causal document's first pieces are
+// light and its last heavy); heaviest first (LPT), ties by position.
+std::vector<Item> MakeItems(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units,
+                            int64_t piece) {
+  std::vector<Item> items;
+  for (size_t ui = 0; ui < units.size(); ++ui) {
+    const Unit& u = units[ui];
+    const int64_t id = static_cast<int64_t>(ui);
+    if (u.end - u.begin <= piece) {
+      if (u.end > u.begin) items.push_back({u.begin, u.end, u.area, id});
+      continue;
+    }
+    int64_t ax = 0;
+    for (int64_t x = u.begin; x < u.end; x += piece) {
+      const int64_t cut = std::min(u.end, x + piece);
+      const int64_t a = PrefixArea(slices, u, cut);
+      items.push_back({x, cut, a - ax, id});
+      ax = a;
+    }
+  }
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return std::make_tuple(-a.area, -(a.end - a.begin), a.begin) <
+           std::make_tuple(-b.area, -(b.end - b.begin), b.begin);
+  });
+  return items;
+}
+
+struct Attempt {
+  std::vector<std::vector<TokenRange>> ranges;
+  double imbalance = -1;  // < 0: no attempt yet
+  int64_t max_need = 0;   // estimated need of the busiest rank, tokens
+};
+
+// Ranks ordered by a key (area or need), among those with room: a segment
+// tree over ranks holding the (key, rank) minimum and the largest room of
+// each subtree. Update is O(log P); Visit walks ranks in key order
+// best-first, skipping subtrees without enough room, in O(k log P).
+class RankTree {
+ public:
+  RankTree(const std::vector<int64_t>* keys, const std::vector<int64_t>* cap)
+      : keys_(keys), cap_(cap) {
+    n_ = 1;
+    while (n_ < keys->size()) n_ *= 2;
+    min_.assign(2 * n_, kNone);
+    room_.assign(2 * n_, 0);
+    for (size_t r = 0; r < keys->size(); ++r) SetLeaf(r);
+    for (size_t i = n_ - 1; i >= 1; --i) Pull(i);
+  }
+  void Update(int32_t r) {
+    size_t i = SetLeaf(r);
+    for (i /= 2; i >= 1; i /= 2) Pull(i);
+  }
+  // Calls f(rank) for ranks with room >= min_room in (key, rank) order until
+  // f returns true or `limit` ranks were visited.
+  template <typename F>
+  void Visit(int limit, int64_t min_room, F&& f) {
+    frontier_.clear();
+    if (min_[1] != kNone && room_[1] >= min_room) frontier_.push_back({min_[1], 1});
+    while (!frontier_.empty() && limit > 0) {
+      std::pop_heap(frontier_.begin(), frontier_.end(), std::greater<>());
+      const size_t i = frontier_.back().second;
+      frontier_.pop_back();
+      if (i >= n_) {
+        --limit;
+        if (f(min_[i].second)) return;
+        continue;
+      }
+      for (size_t c : {2 * i, 2 * i + 1}) {
+        if (min_[c] != kNone && room_[c] >= min_room) {
+          frontier_.push_back({min_[c], c});
+          std::push_heap(frontier_.begin(), frontier_.end(), std::greater<>());
+        }
+      }
+    }
+  }
+
+ private:
+  static constexpr std::pair<int64_t, int32_t> kNone = {INT64_MAX, INT32_MAX};
+  size_t SetLeaf(size_t r) {
+    const size_t i = n_ + r;
+    const int64_t room = (*cap_)[r];
+    min_[i] = room > 0 ? std::make_pair((*keys_)[r], static_cast<int32_t>(r)) : kNone;
+    room_[i] = room;
+    return i;
+  }
+  void Pull(size_t i) {
+    min_[i] = std::min(min_[2 * i], min_[2 * i + 1]);
+    room_[i] = std::max(room_[2 * i], room_[2 * i + 1]);
+  }
+  const std::vector<int64_t>* keys_;
+  const std::vector<int64_t>* cap_;
+  size_t n_ = 1;
+  std::vector<std::pair<int64_t, int32_t>> min_;
+  std::vector<int64_t> room_;
+  std::vector<std::pair<std::pair<int64_t, int32_t>, size_t>> frontier_;
+};
+
+// Places `items` in order (see the header). Every rank ends with exactly its
+// quota of tokens: an item no rank has room for fills the ranks with the
+// most room.
+Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units,
+              const std::vector<Item>& items, int64_t total, int32_t ranks, double slack) {
+  constexpr int kCandidates = 4;
+  constexpr int kTreeCandidates = 2;
+  std::vector<int64_t> cap(ranks), area(ranks, 0), need(ranks, 0);
+  for (int32_t r = 0; r < ranks; ++r) cap[r] = Quota(total, ranks, r);
+  RankTree by_area(&area, &cap), by_need(&need, &cap);  // ranks with room
+  // Per rank: the units it holds with the end of its last run in each (few
+  // per rank); per unit: the ranks holding some of it, most recent last.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> rank_units(ranks);
+  std::vector<std::vector<int32_t>> holders(units.size());
+  auto added_need = [&](int32_t r, int64_t unit, int64_t begin) {
+    int64_t from = units[unit].begin;
+    for (const auto& [u, end] : rank_units[r]) {
+      if (u == unit) from = std::max(from, end);
+    }
+    return std::max<int64_t>(0, begin - from);
+  };
+  Attempt out;
+  out.ranges.assign(ranks, {});
+  auto place = [&](int32_t r, int64_t unit, int64_t b, int64_t e, int64_t a) {
+    const int64_t added = added_need(r, unit, b);
+    out.ranges[r].push_back({b, e});
+    cap[r] -= e - b;
+    area[r] += a;
+    need[r] += added;
+    by_area.Update(r);
+    by_need.Update(r);
+    auto& ru = rank_units[r];
+    auto h = std::find_if(ru.begin(), ru.end(), [&](const auto& p) { return p.first == unit; });
+    if (h == ru.end()) {
+      ru.push_back({unit, e});
+      holders[unit].push_back(r);
+    } else {
+      h->second = std::max(h->second, e);
+    }
+  };
+  int64_t left_area = 0, left_tokens = total;
+  for (const Item& it : items) left_area += it.area;
+  const double area_limit = static_cast<double>(left_area) / ranks * (1.0 + slack);
+  std::vector<int32_t> candidates;
+  for (const Item& it : items) {
+    const int64_t len = it.end - it.begin;
+    left_area -= it.area;
+    left_tokens -= len;
+    // The rest of a rank's room will fill at about the mean density of what
+    // is left to place.
+    const double rho = left_tokens > 0 ? static_cast<double>(left_area) / left_tokens : 0.0;
+    candidates.clear();
+    const auto& hs = holders[it.unit];
+    for (size_t i = hs.size() > kCandidates ? hs.size() - kCandidates : 0; i < hs.size(); ++i) {
+      candidates.push_back(hs[i]);
+    }
+    by_area.Visit(kTreeCandidates, len, [&](int32_t r) {
+      candidates.push_back(r);
+      return false;
+    });
+    by_need.Visit(kTreeCandidates, len, [&](int32_t r) {
+      candidates.push_back(r);
+      return false;
+    });
+    int32_t best = -1;
+    std::tuple<int64_t, int64_t, int64_t, int32_t> best_key;
+    for (int32_t r : candidates) {
+      if (cap[r] < len) continue;
+      if (static_cast<double>(area[r] + it.area) + static_cast<double>(cap[r] - len) * rho >
+          area_limit) {
+        continue;
+      }
+      // Least added need, then least resulting need, then least area.
+      const int64_t added = added_need(r, it.unit, it.begin);
+      const auto key = std::make_tuple(added, need[r] + added, area[r], r);
+      if (best < 0 || key < best_key) {
+        best = r;
+        best_key = key;
+      }
+    }
+    if (best < 0) {  // LPT: the least area with room for the item
+      by_area.Visit(1, len, [&](int32_t r) {
+        best = r;
+        return true;
+      });
+    }
+    if (best >= 0) {
+      place(best, it.unit, it.begin, it.end, it.area);
+      continue;
+    }
+    const Unit& u = units[it.unit];
+    for (int64_t x = it.begin; x < it.end;) {
+      int32_t r_min = -1;  // least area first
+      by_area.Visit(1, 1, [&](int32_t r) {
+        r_min = r;
+        return true;
+      });
+      const int64_t e = std::min(it.end, x + cap[r_min]);
+      place(r_min, it.unit, x, e, PrefixArea(slices, u, e) - PrefixArea(slices, u, x));
+      x = e;
+    }
+  }
+  int64_t sum = 0, max = 0;
+  for (int32_t r = 0; r < ranks; ++r) {
+    sum += area[r];
+    max = std::max(max, area[r]);
+  }
+  out.imbalance = sum > 0 ? static_cast<double>(max) * ranks / static_cast<double>(sum) : 1.0;
+  out.max_need = *std::max_element(need.begin(), need.end());
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> slices,
+                                                    int64_t total, int32_t ranks) {
+  if (total == 0) return std::vector<std::vector<TokenRange>>(ranks);
+  const std::vector<Unit> units = BuildUnits(slices, total);
+  const int64_t quota = std::max<int64_t>(1, Quota(total, ranks, 0));
+  const SliceIndex index(slices);
+  // The exact need of the busiest rank (DESIGN.md §8), for the attempts
+  // balanced enough to compete on communication.
+  auto exact_max_need = [&](std::vector<std::vector<TokenRange>>* ranges) {
+    int64_t worst = 0;
+    for (int32_t r = 0; r < ranks; ++r) {
+      (*ranges)[r] = Normalize(std::move((*ranges)[r]));
+      std::vector<OwnerSegment> home;
+      int64_t row = 0;
+      for (const TokenRange& t : (*ranges)[r]) {
+        home.push_back({t.begin, t.end, r, row});
+        row += t.size();
+      }
+      worst = std::max(worst, TotalTokens(ExactNeed(ComputeDemands(index, home), home)));
+    }
+    return worst;
+  };
+  Attempt best;
+  auto consider = [&](Attempt a) {
+    if (a.imbalance <= kBalancedImbalanceGoal) a.max_need = exact_max_need(&a.ranges);
+    const bool a_good = a.imbalance <= kBalancedImbalanceGoal;
+    const bool best_good = best.imbalance >= 0 && best.imbalance <= kBalancedImbalanceGoal;
+    if (best.imbalance < 0 || (a_good && (!best_good || a.max_need < best.max_need)) ||
+        (!a_good && !best_good && a.imbalance < best.imbalance)) {
+      best = std::move(a);
+    }
+  };
+  // Equal-token pieces of a quota, 1/2, ..., 1/32 of it (coarse to fine);
+  // one level past the first balanced one is enough: finer pieces only
+  // scatter documents further.
+  int levels_after_good = -1;
+  for (int level = 0; level <= 5 && levels_after_good < 1; ++level) {
+    const int64_t piece = quota >> level;
+    if (level > 0 && piece < 16) break;
+    const std::vector<Item> items = MakeItems(slices, units, piece);
+    for (double slack : {0.0, 0.04}) consider(Place(slices, units, items, total, ranks, slack));
+    if (levels_after_good >= 0 || best.imbalance <= kBalancedImbalanceGoal) ++levels_after_good;
+  }
+  // Nothing balanced yet: finer pieces, down to 16 tokens.
+  for (int64_t piece = quota >> 6; best.imbalance > kBalancedImbalanceGoal && piece >= 16;
+       piece /= 2) {
+    consider(Place(slices, units, MakeItems(slices, units, piece), total, ranks, 0.04));
+  }
+  for (auto& r : best.ranges) r = Normalize(std::move(r));
+  return std::move(best.ranges);
+}
+
+}  // namespace hsap::plan::internal
