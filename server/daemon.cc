@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/version.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -22,14 +23,45 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         absl::StrCat("devices: cpu:", options.cpu_devices, " must name 1 to 1024 CPU slots"));
   }
   std::unique_ptr<Daemon> d(new Daemon(options));
+  const int num_nodes = std::max<int>(1, static_cast<int>(options.peers.size()));
+  if (num_nodes > 1) {
+    if (options.node_rank < 0 || options.node_rank >= num_nodes) {
+      return absl::InvalidArgumentError(absl::StrCat("node_rank is ", options.node_rank,
+                                                     " but peers lists ", num_nodes, " nodes"));
+    }
+    if (options.tcp_port <= 0) {
+      return absl::InvalidArgumentError("peers are set but port is 0: peers talk over TCP");
+    }
+    // First, before other threads start: UCX reads its environment here.
+    transport::UcxWorkerOptions ucx_options;
+    ucx_options.transports = options.ucx_transports;
+    auto worker = transport::UcxWorker::Create(ucx_options);
+    if (!worker.ok()) return worker.status();
+    d->ucx_ = std::move(worker).value();
+    d->cluster_node_ = std::make_unique<cluster::Cluster>();
+  }
   int threads = options.cpu_threads;
   if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  d->state_ = std::make_unique<DaemonState>(threads, options.cpu_devices, options.region_limits);
+  CallRunnerOptions runner;
+  runner.num_nodes = num_nodes;
+  runner.devices_per_node = options.cpu_devices;
+  runner.node_rank = num_nodes > 1 ? options.node_rank : 0;
+  runner.default_deadline = options.call_deadline;
+  runner.cluster = d->cluster_node_.get();
+  runner.ucx = d->ucx_.get();
+  d->state_ = std::make_unique<DaemonState>(threads, runner, options.region_limits);
   for (int i = 0; i < options.cpu_devices; ++i) d->state_->device_names.push_back(absl::StrCat("cpu:", i));
-  d->state_->limits.max_group_size = options.cpu_devices;
-  d->state_->runner.num_nodes = 1;
-  d->state_->runner.devices_per_node = options.cpu_devices;
-  d->state_->runner.default_deadline = options.call_deadline;
+  d->state_->limits.max_group_size = num_nodes * options.cpu_devices;
+  if (d->cluster_node_ != nullptr) {
+    DaemonState* state = d->state_.get();
+    d->cluster_node_->AddNodeAbortCallback([state](int32_t node, const absl::Status& why) {
+      state->active.AbortAll(absl::Status(why.code(), absl::StrCat("node ", node, " lost: ", why.message())));
+    });
+    d->cluster_node_->AddCallAbortCallback(
+        [state](const std::string& group, uint64_t call_seq, const absl::Status& why) {
+          state->active.Abort(group, call_seq, why);
+        });
+  }
 
   const uint32_t uid = options.allowed_uid >= 0 ? options.allowed_uid : getuid();
   auto sessions = shm::SessionSocket::Start(d->session_socket_path(), &d->state_->sessions, uid);
@@ -55,6 +87,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   builder.RegisterService(d->regions_.get());
   builder.RegisterService(d->cluster_.get());
   builder.RegisterService(d->plans_.get());
+  if (d->cluster_node_ != nullptr) builder.RegisterService(d->cluster_node_->service());
   const mode_t old_mask = umask(0177);  // the Unix socket is created 0600
   d->server_ = builder.BuildAndStart();
   umask(old_mask);
@@ -69,6 +102,27 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (options.tcp_port > 0 && bound_tcp == 0) {
     return absl::UnavailableError(
         absl::StrCat("could not listen on ", options.tcp_host, ":", options.tcp_port));
+  }
+  if (d->cluster_node_ != nullptr) {
+    cluster::ClusterOptions c;
+    c.peers = options.peers;
+    c.node_rank = options.node_rank;
+    c.devices_per_node = options.cpu_devices;
+    c.version = kVersion;
+    c.heartbeat_period = options.heartbeat_period;
+    c.suspect_after = options.peer_down_after * 0.6;
+    c.down_after = options.peer_down_after;
+    // Joining waits for the other nodes; serve local calls meanwhile.
+    cluster::Cluster* node = d->cluster_node_.get();
+    transport::UcxWorker* worker = d->ucx_.get();
+    d->cluster_start_ = std::thread([node, worker, c] {
+      absl::Status st = node->Start(c, worker);
+      if (st.ok()) {
+        HSAP_LOG(INFO) << "cluster formed: " << c.peers.size() << " nodes";
+      } else {
+        HSAP_LOG(WARNING) << "cluster not formed yet: " << st;
+      }
+    });
   }
   d->SetServing(true);
   HSAP_LOG(INFO) << "hsapd serving on unix:" << options.socket_path << " (sessions: "
@@ -98,7 +152,9 @@ void Daemon::Drain(absl::Duration timeout) {
   if (!state_->gate.WaitIdle(absl::Now() + timeout)) {
     HSAP_LOG(WARNING) << "drain timeout: " << state_->gate.in_flight() << " call(s) cut short";
   }
+  state_->active.AbortAll(absl::UnavailableError("hsapd is draining"));
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (cluster_start_.joinable()) cluster_start_.join();
   session_socket_.reset();  // ends every session, reclaims their regions
   unlink(options_.socket_path.c_str());
   HSAP_LOG(INFO) << "drained";

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,7 +19,9 @@
 #include "server/daemon_state.h"
 #include "server/grpc/plans_service.h"
 #include "server/grpc/services.h"
+#include "server/cluster/cluster.h"
 #include "server/shm/session_socket.h"
+#include "server/transport/ucx_worker.h"
 
 namespace hsap {
 
@@ -33,6 +36,15 @@ struct DaemonOptions {
   int cpu_threads = 0;
   // uid allowed on the session socket besides root (default: our own).
   int allowed_uid = -1;
+  // Cluster: every node's TCP host:port in node order (empty or one entry:
+  // a single node) and this node's index. Needs tcp_port.
+  std::vector<std::string> peers;
+  int node_rank = 0;
+  // UCX transports for the data plane between nodes (UCX_TLS syntax; empty:
+  // UCX's choice).
+  std::string ucx_transports;
+  absl::Duration heartbeat_period = absl::Milliseconds(200);
+  absl::Duration peer_down_after = absl::Seconds(1);
   // Deadline of a call whose request gives none (CallOptions.deadline_ms 0).
   absl::Duration call_deadline = absl::Seconds(60);
   shm::RegionLimits region_limits;
@@ -51,6 +63,7 @@ class Daemon {
   void Drain(absl::Duration timeout);
 
   DaemonState* state() { return state_.get(); }
+  cluster::Cluster* cluster() { return cluster_node_.get(); }
   const std::string& socket_path() const { return options_.socket_path; }
   std::string session_socket_path() const { return options_.socket_path + ".session"; }
 
@@ -59,6 +72,9 @@ class Daemon {
   void SetServing(bool serving);
 
   DaemonOptions options_;
+  std::unique_ptr<transport::UcxWorker> ucx_;
+  std::unique_ptr<cluster::Cluster> cluster_node_;
+  std::thread cluster_start_;
   std::unique_ptr<DaemonState> state_;
   std::unique_ptr<AttentionService> attention_;
   std::unique_ptr<RegionsService> regions_;

@@ -21,11 +21,13 @@
 namespace hsap {
 
 struct DaemonState {
-  DaemonState(int cpu_threads, int cpu_devices, shm::RegionLimits region_limits = {})
+  DaemonState(int cpu_threads, const CallRunnerOptions& runner_options,
+              shm::RegionLimits region_limits = {})
       : regions(region_limits),
         sessions(&regions),
         pool(cpu_threads),
-        matcher(InProcessResources(cpu_devices)) {}
+        matcher(CallResources(runner_options)),
+        runner(runner_options) {}
 
   shm::RegionRegistry regions;
   shm::SessionManager sessions;
@@ -34,7 +36,8 @@ struct DaemonState {
   ValidationLimits limits;
   plan::PlanCache plans;
   CallMatcher matcher;
-  CallRunnerOptions runner;
+  const CallRunnerOptions runner;
+  ActiveCalls active;
   std::vector<std::string> device_names;  // "cpu:0", ...
   std::atomic<uint64_t> calls_total{0};
   std::atomic<uint64_t> busy_micros{0};

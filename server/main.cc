@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -24,6 +25,15 @@ ABSL_FLAG(std::string, devices, "cpu:1", "device slots of this node: cpu:N");
 ABSL_FLAG(int, cpu_threads, 0, "threads for the CPU kernels; 0 = one per core");
 ABSL_FLAG(int, call_deadline_ms, 60000,
           "deadline of a call whose request gives none: every rank must arrive and finish by then");
+ABSL_FLAG(std::vector<std::string>, peers, {},
+          "every node's TCP host:port in node order, this node included (a cluster); empty: "
+          "a single node");
+ABSL_FLAG(int, node_rank, 0, "this node's index in --peers");
+ABSL_FLAG(std::string, ucx_transports, "",
+          "UCX transports between nodes (UCX_TLS syntax, e.g. tcp or posix,sysv,cma,self); "
+          "empty: UCX's choice");
+ABSL_FLAG(int, heartbeat_ms, 200, "heartbeat period between nodes");
+ABSL_FLAG(int, peer_down_ms, 1000, "a node silent this long is down: its calls are aborted");
 ABSL_FLAG(int, drain_timeout_s, 30, "on SIGTERM/SIGINT, wait this long for calls in flight");
 
 namespace {
@@ -54,6 +64,11 @@ int main(int argc, char** argv) {
   options.tcp_host = absl::GetFlag(FLAGS_host);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.call_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_call_deadline_ms));
+  options.peers = absl::GetFlag(FLAGS_peers);
+  options.node_rank = absl::GetFlag(FLAGS_node_rank);
+  options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);
+  options.heartbeat_period = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+  options.peer_down_after = absl::Milliseconds(absl::GetFlag(FLAGS_peer_down_ms));
   if (!ParseDevices(absl::GetFlag(FLAGS_devices), &options.cpu_devices)) {
     HSAP_LOG(ERROR) << "--devices=" << absl::GetFlag(FLAGS_devices)
                     << " is not of the form cpu:N (GPU slots need a CUDA build)";

@@ -45,7 +45,7 @@ absl::StatusOr<std::shared_ptr<const MatchedCall>> CallMatcher::Arrive(const Cal
     auto m = std::make_shared<MatchedCall>();
     m->group = a.group;
     m->call_seq = a.call_seq;
-    if (factory_) m->resources = factory_(a.group, a.group_size);
+    if (factory_) m->resources = factory_(a.group, a.group_size, a.call_seq);
     call.matched = std::move(m);
   }
   auto done = [&call, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

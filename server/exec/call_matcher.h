@@ -58,7 +58,8 @@ struct MatchedCall {
 class CallMatcher {
  public:
   using ResourceFactory =
-      std::function<std::shared_ptr<GroupResources>(const std::string& group, int32_t group_size)>;
+      std::function<std::shared_ptr<GroupResources>(const std::string& group, int32_t group_size,
+                                                    uint64_t call_seq)>;
 
   // `factory` (may be null) makes each matched call's resources.
   explicit CallMatcher(ResourceFactory factory = nullptr) : factory_(std::move(factory)) {}

@@ -42,7 +42,9 @@ struct Counted : GroupResources {
 
 TEST(CallMatcherTest, AllRanksMatchAndShareTheCall) {
   std::atomic<int> made{0};
-  CallMatcher m([&](const std::string&, int32_t) { return std::make_shared<Counted>(&made); });
+  CallMatcher m([&](const std::string&, int32_t, uint64_t) {
+    return std::make_shared<Counted>(&made);
+  });
   for (uint64_t seq = 1; seq <= 3; ++seq) {
     auto r = RunRanks(m, {Arrival(0, seq), Arrival(1, seq), Arrival(2, seq), Arrival(3, seq)},
                       absl::Seconds(10));

@@ -1,20 +1,32 @@
 // Runs one rank's validated attention call end to end: the group's topology,
 // the plan (cache or compile, checked against the rank's tensors), the
-// collective arrival of the group's local ranks (CallMatcher), then the
-// executor over the call's transport. One thread per rank, concurrently.
+// collective arrival of the group's local ranks (CallMatcher), agreement on
+// the plan key with the other nodes (multi-node groups), then the executor
+// over the call's transport: the in-process fabric when the group lives on
+// this node, UCX when it spans the cluster. One thread per rank.
+//
+// Failure: a rank whose run fails aborts its call's transports at once (the
+// group's other local ranks stop waiting) and, on a cluster, tells the other
+// nodes (Cluster::AbortCall). A lost node aborts every call in flight
+// (AbortAllCalls), so no rank waits for data that will not come.
 #ifndef HSAP_SERVER_EXEC_CALL_RUNNER_H_
 #define HSAP_SERVER_EXEC_CALL_RUNNER_H_
 
 #include <cstdint>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/cpu/thread_pool.h"
+#include "server/cluster/cluster.h"
 #include "server/exec/attention_call.h"
 #include "server/exec/call_matcher.h"
 #include "server/exec/executor.h"
 #include "server/plan/plan_cache.h"
+#include "server/transport/ucx_worker.h"
 
 namespace hsap {
 
@@ -24,6 +36,9 @@ struct CallRunnerOptions {
   int32_t node_rank = 0;
   std::string profile = "cpu-loopback";
   absl::Duration default_deadline = absl::Seconds(60);
+  // Set on a multi-node cluster (both outlive the runner).
+  cluster::Cluster* cluster = nullptr;
+  transport::UcxWorker* ucx = nullptr;
 };
 
 // What one rank's call did, for its response.
@@ -32,18 +47,34 @@ struct CallOutcome {
   int strategy = 0;  // plan::Strategy that ran (hsap.v1.Strategy number)
   bool plan_cache_hit = false;
   exec::ExecStats exec;
-  double wait_seconds = 0;  // until the group was complete
+  double wait_seconds = 0;  // until the group was complete (and agreed)
 };
 
-// The matcher's per-call resources for a call served by one daemon: the
-// in-process fabric of its ranks.
-CallMatcher::ResourceFactory InProcessResources(int32_t devices_per_node);
+// Calls in flight, so that a lost peer or a peer's AbortCall can end them.
+class ActiveCalls {
+ public:
+  struct Entry;
+  // Aborts every call in flight (and none started later) with `reason`.
+  void AbortAll(const absl::Status& reason);
+  // Aborts one call, if it is in flight.
+  void Abort(const std::string& group, uint64_t call_seq, const absl::Status& reason);
+
+ private:
+  friend class ActiveCallScope;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<GroupResources>> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+// The matcher's per-call resources: the transport endpoints of the call's
+// local ranks (in-process fabric, or UCX endpoints on a cluster).
+CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options);
 
 // REQUIRES: `call` came from the validation. Errors: the plan's
 // INVALID_ARGUMENT (naming fields), the matcher's (deadline, disagreement,
-// replay), the executor's and transport's (ABORTED, DEADLINE_EXCEEDED).
+// replay), the cluster's (agreement, lost peer), the executor's and
+// transport's (ABORTED, UNAVAILABLE, DEADLINE_EXCEEDED).
 absl::Status RunCall(const AttentionCall& call, const CallRunnerOptions& options,
-                     plan::PlanCache* plans, CallMatcher* matcher,
+                     plan::PlanCache* plans, CallMatcher* matcher, ActiveCalls* active,
                      kernels::cpu::ThreadPool* pool, CallOutcome* outcome);
 
 }  // namespace hsap

@@ -23,7 +23,8 @@ grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, con
   if (!call.ok()) return ToGrpcStatus(call.status());
   CallOutcome outcome;
   absl::Status st =
-      RunCall(*call, state->runner, &state->plans, &state->matcher, &state->pool, &outcome);
+      RunCall(*call, state->runner, &state->plans, &state->matcher, &state->active, &state->pool,
+              &outcome);
   if (!st.ok()) {
     HSAP_LOG(WARNING) << "call " << call->group << "/" << call->call_seq << " rank " << call->rank
                       << " failed: " << st;

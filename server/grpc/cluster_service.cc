@@ -1,28 +1,56 @@
-// Cluster status for operators. A single node until the cluster layer
-// (server/cluster) joins peers.
+// Cluster status for operators: this node, and on a cluster every node as
+// the membership layer (server/cluster) sees it.
 #include "common/version.h"
 #include "server/grpc/services.h"
 
 namespace hsap {
+namespace {
+
+hsap::v1::NodeState ToProto(cluster::NodeState s) {
+  switch (s) {
+    case cluster::NodeState::kJoining: return hsap::v1::NODE_STATE_JOINING;
+    case cluster::NodeState::kUp: return hsap::v1::NODE_STATE_UP;
+    case cluster::NodeState::kSuspect: return hsap::v1::NODE_STATE_SUSPECT;
+    case cluster::NodeState::kDown: return hsap::v1::NODE_STATE_DOWN;
+  }
+  return hsap::v1::NODE_STATE_UNSPECIFIED;
+}
+
+}  // namespace
 
 grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext*,
                                               const hsap::v1::GetClusterStatusRequest*,
                                               hsap::v1::GetClusterStatusResponse* response) {
-  response->set_self_node_rank(0);
-  response->set_formed(true);
-  response->set_epoch(1);
+  const bool draining = state_->gate.closed();
+  cluster::Cluster* c = state_->runner.cluster;
+  const int32_t self = c != nullptr ? c->node_rank() : 0;
+  response->set_self_node_rank(self);
+  response->set_formed(c == nullptr || c->formed());
+  response->set_epoch(c != nullptr ? c->epoch() : 1);
   response->set_active_calls(state_->gate.in_flight());
   response->set_sessions(state_->sessions.num_sessions());
-  auto* node = response->add_nodes();
-  node->set_node_rank(0);
-  node->set_state(state_->gate.closed() ? hsap::v1::NODE_STATE_DRAINING : hsap::v1::NODE_STATE_UP);
-  node->set_version(kVersion);
-  for (const std::string& name : state_->device_names) {
-    auto* d = node->add_devices();
-    d->set_name(name);
+  auto fill_self = [&](hsap::v1::NodeInfo* node) {
+    node->set_version(kVersion);
+    for (const std::string& name : state_->device_names) node->add_devices()->set_name(name);
+    if (node->devices_size() > 0) {
+      node->mutable_devices(0)->set_busy_seconds_total(state_->busy_micros.load() / 1e6);
+    }
+    if (draining) node->set_state(hsap::v1::NODE_STATE_DRAINING);
+  };
+  if (c == nullptr) {
+    auto* node = response->add_nodes();
+    node->set_node_rank(0);
+    node->set_state(hsap::v1::NODE_STATE_UP);
+    fill_self(node);
+    return grpc::Status::OK;
   }
-  if (!state_->device_names.empty()) {
-    node->mutable_devices(0)->set_busy_seconds_total(state_->busy_micros.load() / 1e6);
+  for (const cluster::NodeStatus& s : c->NodeStates()) {
+    auto* node = response->add_nodes();
+    node->set_node_rank(s.node_rank);
+    node->set_address(s.address);
+    node->set_state(ToProto(s.state));
+    node->set_heartbeat_age_seconds(absl::ToDoubleSeconds(s.heartbeat_age));
+    if (s.node_rank == self) fill_self(node);
   }
   return grpc::Status::OK;
 }

@@ -123,7 +123,14 @@ absl::Status UcxPendingExchange::PollLocked() {
     op.request = nullptr;
     --outstanding_;
     if (status != UCS_OK) {
-      if (first.ok()) {
+      if (first.ok() && status == UCS_ERR_CANCELED) {
+        // This exchange cancels nothing before it has failed, so a request
+        // cancelled under it means its endpoint was closed: the peer node
+        // was lost (the cluster layer closes the endpoint of a DOWN node).
+        first = absl::UnavailableError(absl::StrCat(
+            "rank ", transport_->rank(), ": ", Describe(op),
+            " was cancelled: the connection to its node closed (node lost)"));
+      } else if (first.ok()) {
         first = HSAP_UCX_STATUS(status, absl::StrCat("rank ", transport_->rank(), ": ",
                                                      Describe(op), " failed"));
       }

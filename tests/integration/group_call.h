@@ -1,0 +1,64 @@
+// Test helper: one sequence-parallel group of trainer ranks, each its own
+// client of the daemon that serves it, running forward + backward on a
+// global problem laid out by Plans.Dispatch, and the results reassembled in
+// global token order for comparison with the float64 reference.
+#ifndef HSAP_TESTS_INTEGRATION_GROUP_CALL_H_
+#define HSAP_TESTS_INTEGRATION_GROUP_CALL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "hsap/v1/common.pb.h"
+
+namespace hsap::testing {
+
+struct GlobalProblem {
+  std::vector<int64_t> cu_seqlens;
+  bool causal = true;
+  int64_t heads_q = 4, heads_kv = 2, head_dim = 32;
+  // fp32 inputs [T, H, D]
+  std::vector<float> q, k, v, d_o;
+  // float64 reference outputs
+  std::vector<double> o, lse, dq, dk, dv;
+  int64_t tokens() const { return cu_seqlens.back(); }
+};
+
+// Random inputs and (unless with_reference is false) the reference.
+GlobalProblem MakeProblem(std::vector<int64_t> cu_seqlens, bool causal, uint64_t seed,
+                          bool with_reference = true);
+
+struct GroupResult {
+  std::vector<double> o, lse, dq, dk, dv;  // global order
+  std::vector<hsap::v1::Strategy> strategies_run;
+  std::vector<uint64_t> bytes_sent;  // forward, per rank
+  double max_error = 0;              // over O, LSE, dQ, dK, dV vs the reference
+};
+
+struct GroupSpec {
+  std::string group;
+  int32_t nodes = 1;
+  int32_t devices_per_node = 1;
+  // sockets[n]: the gRPC socket of node n's daemon; rank r uses node r / devices_per_node.
+  std::vector<std::string> sockets;
+  hsap::v1::Strategy strategy = hsap::v1::STRATEGY_AUTO;
+  hsap::v1::AssignmentPolicy assignment = hsap::v1::ASSIGNMENT_BALANCED;
+  uint32_t deadline_ms = 0;
+  uint64_t first_call_seq = 1;
+  // A rank that connects but never calls (fault tests); -1 = none.
+  int32_t missing_rank = -1;
+  // When set, receives every calling rank's status (in rank order).
+  std::vector<absl::Status>* statuses = nullptr;
+};
+
+// Runs forward (call_seq first) and backward (first + 1). The status is the
+// first failing rank's.
+absl::StatusOr<GroupResult> RunGroup(const GlobalProblem& p, const GroupSpec& spec);
+
+// Relative error, absolute where the reference is identically zero.
+double RelError(const std::vector<double>& actual, const std::vector<double>& expected);
+
+}  // namespace hsap::testing
+
+#endif  // HSAP_TESTS_INTEGRATION_GROUP_CALL_H_

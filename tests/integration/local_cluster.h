@@ -1,0 +1,47 @@
+// Test harness: K hsapd processes on loopback forming one cluster (free TCP
+// ports chosen at run time), each with N CPU device slots. Every process is
+// killed and reaped when the harness goes away, whatever the test did.
+#ifndef HSAP_TESTS_INTEGRATION_LOCAL_CLUSTER_H_
+#define HSAP_TESTS_INTEGRATION_LOCAL_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tests/integration/test_daemon.h"
+
+namespace hsap::testing {
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort();
+
+class LocalCluster {
+ public:
+  // Starts `nodes` daemons with --devices=cpu:<devices> plus `flags`.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(int nodes, int devices,
+                                                             std::vector<std::string> flags);
+  // OK once every daemon reports the cluster formed.
+  absl::Status WaitFormed(absl::Duration timeout);
+
+  int nodes() const { return static_cast<int>(ports_.size()); }
+  std::vector<std::string> sockets() const;
+  DaemonProcess* node(int i) { return procs_[i].get(); }
+  // SIGKILL, then reap.
+  void Kill(int i);
+  // Starts node i again (same port and flags, new socket).
+  absl::Status Restart(int i);
+
+ private:
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> StartNode(int i);
+
+  int devices_ = 1;
+  std::vector<std::string> flags_;
+  std::vector<int> ports_;
+  std::vector<std::unique_ptr<DaemonProcess>> procs_;
+};
+
+}  // namespace hsap::testing
+
+#endif  // HSAP_TESTS_INTEGRATION_LOCAL_CLUSTER_H_
