@@ -21,6 +21,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "hwy/targets.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/test_util.h"
@@ -161,6 +162,34 @@ TEST(AttentionTest, LongerPackedDocumentsMatchReference) {
     RunCase(c, &rng, &pool, &errors);
   }
   EXPECT_LE(errors.worst_fp32, kFp32Tolerance);
+}
+
+// Every SIMD target compiled into the kernels that this CPU can run (here
+// AVX2 and the portable fallback; AVX-512 too on machines that have it)
+// gives the reference's answers. The dispatcher is pointed at each in turn.
+TEST(AttentionTest, EverySupportedSimdTargetMatchesReference) {
+  std::vector<int64_t> targets;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) targets.push_back(t);
+  ASSERT_FALSE(targets.empty());
+  for (int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    std::mt19937_64 rng(static_cast<uint64_t>(target));
+    ThreadPool pool(2);
+    Errors errors;
+    for (int n = 0; n < 40; ++n) {
+      const RandomCase c = DrawCase(&rng, {DType::kFloat32, DType::kBFloat16, DType::kFloat16}, 90);
+      SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + c.Describe());
+      RunCase(c, &rng, &pool, &errors);
+      if (HasFatalFailure()) break;
+    }
+    // The kernels compile fewer targets than this test's view of Highway
+    // (SSSE3/SSE4 are disabled there): a mocked SSE4 CPU runs the fallback.
+    std::printf("CPU limited to %s: kernels ran %s; worst fp32 error %.3g, worst 16-bit "
+                "error / rounding %.3g\n",
+                hwy::TargetName(target), internal::SimdTargetName(), errors.worst_fp32,
+                errors.worst_ratio_16bit);
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
 }
 
 TEST(AttentionTest, EmptyInputsAreNoOps) {
