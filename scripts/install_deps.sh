@@ -9,6 +9,7 @@ PACKAGES=(
   libabsl-dev libucx-dev ucx-utils libcivetweb-dev
   libgtest-dev libgmock-dev libhwy-dev
   prometheus
+  python3-torch python3-grpcio python3-numpy python3-protobuf
 )
 
 missing=()

@@ -40,22 +40,39 @@ def hsap_cc_proto(name, srcs, deps = [], grpc = False, visibility = None):
         visibility = visibility,
     )
 
-def hsap_py_proto(name, srcs, deps = [], visibility = None):
-    """Python modules (message and gRPC stubs) generated with grpc_tools-free protoc.
+def _proto_path(src):
+    # "//proto:hsap/v1/x.proto" -> "hsap/v1/x.proto":
+    # the path below the proto root, which is where protoc puts the output.
+    return src.split(":")[-1]
 
-    Uses /usr/bin/protoc --python_out and /usr/bin/grpc_python_plugin.
+def hsap_py_proto(name, srcs, packages = [], visibility = None):
+    """Python message modules and gRPC stubs for `srcs`, generated at build time.
+
+    Runs /usr/bin/protoc --python_out and /usr/bin/grpc_python_plugin from the
+    proto root, so `//proto:hsap/v1/x.proto` yields `hsap/v1/x_pb2.py` and
+    `hsap/v1/x_pb2_grpc.py` under the calling package (import them as
+    `from hsap.v1 import x_pb2` with that package's directory on sys.path),
+    and an empty `__init__.py` in each folder of `packages` (e.g. "hsap/v1";
+    leave out folders that have a source __init__.py). `srcs` must list
+    every .proto the modules import (protoc reads them from the proto root;
+    each one also gets its modules here). Needs Debian's python3-protobuf
+    (4.21, the runtime of protoc 3.21) and python3-grpcio at run time.
     """
+    paths = [_proto_path(s) for s in srcs]
     outs = []
-    for s in srcs:
-        base = _strip(s)
+    for p in paths:
+        base = _strip(p)
         outs += [base + "_pb2.py", base + "_pb2_grpc.py"]
-    dep_protos = [d + "_srcs" for d in deps]
+    inits = [d + "/__init__.py" for d in packages]
+    cmd = ("/usr/bin/protoc -I$$(dirname $(location //proto:root_marker)) --python_out=$(RULEDIR)" +
+           " --grpc_python_out=$(RULEDIR) --plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin " +
+           " ".join(["$(location %s)" % s for s in srcs]))
+    for i in inits:
+        cmd += " && touch $(RULEDIR)/" + i
     native.genrule(
         name = name,
-        srcs = srcs + dep_protos + ["//proto:root_marker"],
-        outs = outs,
-        cmd = ("/usr/bin/protoc -I$$(dirname $(location //proto:root_marker)) --python_out=$(RULEDIR)" +
-               " --grpc_python_out=$(RULEDIR) --plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin " +
-               " ".join(["$(location %s)" % s for s in srcs])),
+        srcs = srcs + ["//proto:root_marker"],
+        outs = outs + inits,
+        cmd = cmd,
         visibility = visibility,
     )

@@ -1,0 +1,263 @@
+"""A session with hsapd: the session socket, memfd regions, the gRPC stubs.
+
+    client = hsap.connect()                 # $HSAP_SOCKET or /run/hsap/hsapd.sock
+    region = client.create_region(1 << 20, "scratch")
+    t = region.view(0, (128, 4, 64), torch.float32)   # a tensor over the memfd
+    client.close()                          # the daemon drops the regions
+
+Protocol (proto/README.md, "Sessions and regions"): connect to
+`<socket>.session` (SOCK_SEQPACKET), read the SessionHello, pass each memfd as
+a SessionFdTransfer with the fd attached (SCM_RIGHTS) and read its
+SessionFdAck, then call gRPC on `unix:<socket>` with the metadata
+`hsap-session-id` / `hsap-session-token`. The session lasts as long as the
+session connection.
+
+Attention calls stage their tensors in per-session *arenas*: registered
+regions that are checked out for one call, returned afterwards and reused
+(grown by replacing them with a larger region when a call needs more), so a
+training loop registers a handful of regions, not one per call. A Client is
+thread-safe: concurrent calls (for instance several ranks of a group sharing
+one client) each check out their own arena.
+"""
+
+import array
+import mmap
+import os
+import socket
+import threading
+
+import grpc
+import torch
+
+from hsap.errors import HsapError, from_rpc_error
+from hsap.v1 import attention_pb2_grpc
+from hsap.v1 import plans_pb2_grpc
+from hsap.v1 import regions_pb2
+from hsap.v1 import regions_pb2_grpc
+
+DEFAULT_SOCKET = "/run/hsap/hsapd.sock"
+_ALIGN = 64
+_MIN_ARENA_BYTES = 1 << 20
+
+
+def _align(n):
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class Region:
+    """A memfd mapped in this process and registered with the daemon.
+
+    `tensor` is a flat uint8 torch tensor over the whole mapping; `view`
+    cuts typed tensors out of it (no copy: the daemon reads and writes the
+    same pages).
+    """
+
+    def __init__(self, region_id, size, mapping, name):
+        self.region_id = region_id
+        self.size = size
+        self.name = name
+        self._mapping = mapping
+        self.tensor = torch.frombuffer(mapping, dtype=torch.uint8)
+
+    def view(self, offset, shape, dtype):
+        """A `dtype` tensor of `shape` at byte `offset` (REQUIRES: it fits)."""
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if offset + nbytes > self.size:
+            raise ValueError(f"view [{offset}, {offset + nbytes}) exceeds region of {self.size} bytes")
+        return self.tensor[offset:offset + nbytes].view(dtype).view(tuple(shape))
+
+
+class Arena:
+    """A Region checked out for one call: tensors at 64-byte aligned offsets."""
+
+    def __init__(self, region):
+        self.region = region
+
+
+class Client:
+    """One session with hsapd. Use `connect()` to make one; `close()` ends it."""
+
+    def __init__(self, socket_path):
+        self.socket_path = socket_path
+        session_path = socket_path + ".session"
+        self._session = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._session.connect(session_path)
+        except OSError as e:
+            self._session.close()
+            raise HsapError(grpc.StatusCode.UNAVAILABLE,
+                            f"no hsapd session socket at {session_path}: {e.strerror or e}") from None
+        data = self._session.recv(4096)
+        if not data:
+            self._session.close()
+            raise HsapError(grpc.StatusCode.UNAVAILABLE,
+                            f"hsapd at {session_path} closed the session without a hello "
+                            "(is this user allowed?)")
+        hello = regions_pb2.SessionHello.FromString(data)
+        self.session_id = hello.session_id
+        self.daemon_version = hello.daemon_version
+        self._metadata = (("hsap-session-id", str(hello.session_id)),
+                          ("hsap-session-token", hello.session_token))
+        self._channel = grpc.insecure_channel("unix:" + socket_path)
+        self._regions = regions_pb2_grpc.RegionsStub(self._channel)
+        self._attention = attention_pb2_grpc.AttentionStub(self._channel)
+        self._plans = plans_pb2_grpc.PlansStub(self._channel)
+        self._session_lock = threading.Lock()
+        self._next_transfer_id = 1
+        self._arena_lock = threading.Lock()
+        self._free_arenas = []
+        self._arena_count = 0
+        self._solo_group = None
+        self._closed = False
+
+    # --- lifetime -----------------------------------------------------------
+
+    def close(self):
+        """Ends the session: the daemon unregisters every region of it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._free_arenas = []
+        self._channel.close()
+        self._session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- regions ------------------------------------------------------------
+
+    def pass_fd(self, fd):
+        """Passes `fd` on the session socket; returns its transfer id."""
+        with self._session_lock:
+            transfer_id = self._next_transfer_id
+            self._next_transfer_id += 1
+            msg = regions_pb2.SessionFdTransfer(transfer_id=transfer_id).SerializeToString()
+            try:
+                self._session.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                               array.array("i", [fd]))])
+                data = self._session.recv(4096)
+            except OSError as e:
+                raise HsapError(grpc.StatusCode.UNAVAILABLE, f"session socket: {e}") from None
+            if not data:
+                raise HsapError(grpc.StatusCode.UNAVAILABLE, "hsapd closed the session")
+            ack = regions_pb2.SessionFdAck.FromString(data)
+        if ack.code != 0:
+            raise HsapError(_status_code(ack.code), ack.message)
+        return transfer_id
+
+    def create_region(self, size, name):
+        """Creates a memfd of `size` bytes, maps it here and registers it."""
+        fd = os.memfd_create("hsap-" + name, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            transfer_id = self.pass_fd(fd)
+        finally:
+            os.close(fd)  # the mapping and the daemon's copy keep the memory
+        resp = self._call(self._regions.RegisterRegion, regions_pb2.RegisterRegionRequest(
+            name=name, memfd=regions_pb2.MemfdSource(transfer_id=transfer_id), size_bytes=size))
+        return Region(resp.region_id, size, mapping, name)
+
+    def unregister(self, region_id):
+        self._call(self._regions.UnregisterRegion,
+                   regions_pb2.UnregisterRegionRequest(region_id=region_id))
+
+    def list_regions(self):
+        return self._call(self._regions.ListRegions, regions_pb2.ListRegionsRequest())
+
+    # --- raw calls (requests from hsap.v1; errors become HsapError) ---------
+
+    def forward(self, request):
+        return self._call(self._attention.Forward, request)
+
+    def backward(self, request):
+        return self._call(self._attention.Backward, request)
+
+    def plans_dispatch(self, request):
+        return self._call(self._plans.Dispatch, request)
+
+    def _call(self, method, request):
+        if self._closed:
+            raise HsapError(grpc.StatusCode.FAILED_PRECONDITION, "the client is closed")
+        try:
+            return method(request, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    # --- arenas -------------------------------------------------------------
+
+    def checkout_arena(self, nbytes):
+        """An arena of at least `nbytes` for one call; give it back with
+        `checkin_arena`. Reuses a free one; replaces one that is too small by
+        a larger region (at least double), or registers a new one."""
+        with self._arena_lock:
+            fits = [a for a in self._free_arenas if a.region.size >= nbytes]
+            if fits:
+                arena = min(fits, key=lambda a: a.region.size)
+                self._free_arenas.remove(arena)
+                return arena
+            old = self._free_arenas.pop() if self._free_arenas else None
+            self._arena_count += 1
+            name = f"py-arena-{self._arena_count}"
+        size = max(_MIN_ARENA_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
+        if old is not None:
+            size = max(size, 2 * old.region.size)
+            self.unregister(old.region.region_id)  # not in use: it was free
+        return Arena(self.create_region(size, name))
+
+    def checkin_arena(self, arena):
+        with self._arena_lock:
+            if not self._closed:
+                self._free_arenas.append(arena)
+
+    # --- attention ----------------------------------------------------------
+
+    def varlen_attn(self, q, k, v, cu_seqlens, max_seqlen, **kwargs):
+        """hsap.varlen_attn through this client (see hsap.attention)."""
+        from hsap.attention import varlen_attn
+        return varlen_attn(q, k, v, cu_seqlens, max_seqlen, client=self, **kwargs)
+
+    def solo_group(self):
+        """The one-rank group of this session (group=None in varlen_attn)."""
+        from hsap.groups import Group
+        with self._arena_lock:
+            if self._solo_group is None or self._solo_group.failed is not None:
+                gen = 0 if self._solo_group is None else self._solo_group.generation + 1
+                self._solo_group = Group(f"py-{self.session_id}-solo-{gen}", 0, 1, client=self)
+                self._solo_group.generation = gen
+            return self._solo_group
+
+
+def _status_code(value):
+    for code in grpc.StatusCode:
+        if code.value[0] == value:
+            return code
+    return grpc.StatusCode.UNKNOWN
+
+
+def connect(socket_path=None):
+    """Opens a session with hsapd at `socket_path`, else $HSAP_SOCKET, else
+    /run/hsap/hsapd.sock. HsapError(UNAVAILABLE) when nobody listens there."""
+    if socket_path is None:
+        socket_path = os.environ.get("HSAP_SOCKET") or DEFAULT_SOCKET
+    return Client(socket_path)
+
+
+_default_lock = threading.Lock()
+_default_client = None
+
+
+def default_client():
+    """The process's shared client, connected on first use (see connect())."""
+    global _default_client
+    with _default_lock:
+        if _default_client is None or _default_client._closed:
+            _default_client = connect()
+        return _default_client

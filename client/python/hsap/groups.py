@@ -1,0 +1,82 @@
+"""Groups: the collective an attention call belongs to.
+
+    group = hsap.Group("layer-attn", rank=r, size=4, client=hsap.connect(sock))
+    out = hsap.varlen_attn(q_local, k_local, v_local, cu_seqlens, max_seqlen, group=group)
+
+Every call of hsapd is a collective (proto CallId): all `size` ranks of the
+group submit the same call_seq and the call runs when all have arrived. The
+Group numbers this rank's calls 1, 2, 3, ... — each forward and each backward
+takes the next number — so every rank must make its calls of the group in the
+same order. Calls of one Group object are serialised (a rank's calls are
+sequential); give each rank its own Group object.
+
+A call the daemon fails may or may not have used its number (a rank that never
+arrived, a disagreement, an abort use it; a request rejected before it joined
+the collective does not), so after a daemon error the Group refuses further
+calls: the ranks should agree on a new group name, as with a failed NCCL
+communicator. Errors found by the Python client before sending (bad shapes,
+dtypes, ...) use no number and leave the Group usable.
+"""
+
+import threading
+
+import grpc
+
+from hsap.errors import HsapError, InvalidInputError
+
+_ASSIGNMENTS = ("balanced", "contiguous", "zigzag")
+
+
+class Group:
+    """Identity of a collective: `name`, this caller's `rank` in [0, `size`).
+
+    client: the session the calls go through (None: hsap.default_client()).
+    assignment: token layout of the ranks, "balanced" (default), "contiguous"
+      or "zigzag"; the same as given to hsap.dispatch.
+    deadline_ms: every call must complete within this (0: the daemon's).
+    Thread-safe.
+    """
+
+    def __init__(self, name, rank, size, client=None, assignment="balanced", deadline_ms=0):
+        if not isinstance(name, str) or not 1 <= len(name.encode()) <= 128:
+            raise InvalidInputError(f"group name {name!r} must be a string of 1 to 128 bytes")
+        if not isinstance(size, int) or size < 1:
+            raise InvalidInputError(f"group size is {size!r}; it must be an int >= 1")
+        if not isinstance(rank, int) or not 0 <= rank < size:
+            raise InvalidInputError(f"group rank is {rank!r}; it must be in [0, size = {size})")
+        if assignment not in _ASSIGNMENTS:
+            raise InvalidInputError(
+                f"unknown assignment {assignment!r}; it must be one of {', '.join(_ASSIGNMENTS)}")
+        self.name = name
+        self.rank = rank
+        self.size = size
+        self.client = client
+        self.assignment = assignment
+        self.deadline_ms = int(deadline_ms)
+        self.generation = 0
+        self.failed = None  # the HsapError that ended the group, if any
+        self._last_seq = 0
+        self._lock = threading.Lock()
+
+    @property
+    def call_seq(self):
+        """The call_seq of this rank's last call (0 before the first)."""
+        return self._last_seq
+
+    def run(self, submit):
+        """Calls submit(call_seq) with this rank's next call number, one call
+        at a time; a daemon error marks the group failed and is re-raised."""
+        with self._lock:
+            if self.failed is not None:
+                raise HsapError(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"group '{self.name}' (rank {self.rank}) failed at call_seq "
+                                f"{self._last_seq} ({self.failed}); use a new group name")
+            self._last_seq += 1
+            try:
+                return submit(self._last_seq)
+            except HsapError as e:
+                self.failed = e
+                raise
+
+    def __repr__(self):
+        return f"Group({self.name!r}, rank={self.rank}, size={self.size}, call_seq={self._last_seq})"

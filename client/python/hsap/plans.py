@@ -1,0 +1,111 @@
+"""hsap.dispatch: which global tokens each rank of a group holds (Plans.Dispatch).
+
+    layout = hsap.dispatch(cu_seqlens, world_size=4, heads=4, kv_heads=4,
+                           head_dim=32, dtype=torch.float32)
+    layout.ranges[r]      # [(begin, end), ...] global token ranges of rank r
+    layout.indices(r)     # torch.int64 [T_r]: rank r's rows, in order
+    q_local = q_global[layout.indices(r)]
+
+The layout depends on the mask (cu_seqlens, causal, window), the group's
+topology, head shape, dtype, strategy and assignment: pass the same ones to
+hsap.varlen_attn (the assignment through hsap.Group(assignment=...)). The
+daemon compiles (and caches) the plan to answer, so the call that follows
+hits the cache.
+"""
+
+import torch
+
+from hsap.attention import DTYPES, assignment_enum, cu_seqlens_list, strategy_enum
+from hsap.client import default_client
+from hsap.errors import InvalidDTypeError, InvalidInputError
+from hsap.v1 import common_pb2
+from hsap.v1 import plan_pb2
+from hsap.v1 import plans_pb2
+
+_DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+                "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+_STRATEGY_NAMES = {v: k for k, v in
+                   (("ring", common_pb2.STRATEGY_RING), ("allgather", common_pb2.STRATEGY_ALLGATHER),
+                    ("ulysses", common_pb2.STRATEGY_ULYSSES), ("usp", common_pb2.STRATEGY_USP),
+                    ("sap", common_pb2.STRATEGY_SAP), ("hsap", common_pb2.STRATEGY_HSAP),
+                    ("auto", common_pb2.STRATEGY_AUTO))}
+
+
+class Dispatch:
+    """The token layout of a group.
+
+    ranges: per rank, its sorted global [begin, end) ranges; its local rows
+      are these concatenated. strategy: what "auto" resolved to.
+    plan_key: the key of the compiled plan. total_tokens: the global count.
+    """
+
+    def __init__(self, ranges, strategy, plan_key, total_tokens):
+        self.ranges = ranges
+        self.strategy = strategy
+        self.plan_key = plan_key
+        self.total_tokens = total_tokens
+
+    def __len__(self):
+        return len(self.ranges)
+
+    def __getitem__(self, rank):
+        return self.ranges[rank]
+
+    def tokens(self, rank):
+        """Rank `rank`'s token count."""
+        return sum(e - b for b, e in self.ranges[rank])
+
+    def indices(self, rank):
+        """torch.int64 [tokens(rank)]: the global token of each local row."""
+        parts = [torch.arange(b, e, dtype=torch.int64) for b, e in self.ranges[rank]]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+
+    def __repr__(self):
+        return (f"Dispatch(ranks={len(self.ranges)}, total_tokens={self.total_tokens}, "
+                f"strategy={self.strategy!r}, plan_key={self.plan_key!r})")
+
+
+def dispatch(cu_seqlens, world_size, heads, kv_heads, head_dim, dtype=torch.float32,
+             strategy="auto", assignment="balanced", nodes=1, causal=True, window_left=-1,
+             profile="cpu-loopback", client=None):
+    """Asks the daemon how a group of `world_size` ranks (over `nodes` nodes)
+    must lay out the tokens of this mask; returns a Dispatch.
+
+    cu_seqlens: global document boundaries (tensor or list of ints).
+    heads, kv_heads, head_dim, dtype: the shape of q/k/v (dtype: torch dtype
+      or "fp32"/"bf16"/"fp16").
+    strategy, assignment: as for varlen_attn / hsap.Group.
+    profile: the cost model's hardware. hsapd plans its attention calls with
+      "cpu-loopback" (server/exec/call_runner.h), and the balanced layout can
+      depend on the profile: keep the default.
+    Raises InvalidInputError for bad arguments, HsapError for the daemon's
+    (INVALID_ARGUMENT names the spec field; FAILED_PRECONDITION when the
+    strategy cannot run on this topology or head count).
+    """
+    cu = cu_seqlens_list(cu_seqlens)
+    if isinstance(dtype, str):
+        if dtype.lower() not in _DTYPE_NAMES:
+            raise InvalidDTypeError(f"dtype {dtype!r} is unknown; use fp32, bf16 or fp16")
+        dtype = _DTYPE_NAMES[dtype.lower()]
+    if dtype not in DTYPES:
+        raise InvalidDTypeError(f"dtype is {dtype}; it must be torch.float32, torch.bfloat16 or "
+                                "torch.float16")
+    for name, value in (("world_size", world_size), ("nodes", nodes), ("heads", heads),
+                        ("kv_heads", kv_heads), ("head_dim", head_dim)):
+        if not isinstance(value, int) or value < 1:
+            raise InvalidInputError(f"{name} is {value!r}; it must be an int >= 1")
+    if world_size % nodes != 0:
+        raise InvalidInputError(f"world_size {world_size} is not a multiple of nodes {nodes}")
+    spec = plan_pb2.PlanSpec(
+        cu_seqlens=cu, causal=bool(causal), window=int(window_left) if causal else -1,
+        total_tokens=cu[-1],
+        topology=plan_pb2.Topology(num_nodes=nodes, devices_per_node=world_size // nodes),
+        shape=plan_pb2.HeadShape(num_heads_q=heads, num_heads_kv=kv_heads, head_dim=head_dim,
+                                 dtype=DTYPES[dtype]),
+        strategy=strategy_enum(strategy), assignment=assignment_enum(assignment),
+        profile=profile)
+    client = client or default_client()
+    resp = client.plans_dispatch(plans_pb2.DispatchRequest(spec=spec))
+    ranges = [[(r.begin, r.end) for r in rank.ranges] for rank in resp.dispatch.ranks]
+    return Dispatch(ranges, _STRATEGY_NAMES.get(resp.strategy, str(resp.strategy)),
+                    resp.plan_key, resp.dispatch.total_tokens)
