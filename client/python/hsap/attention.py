@@ -22,7 +22,8 @@ message.
 
 Data path: each call checks out an arena (a registered memfd region, reused
 across calls), copies q/k/v in (one copy each, straight into the shared
-pages), the daemon writes O and LSE there, and they are copied out into
+pages) unless they already live in shared memory (Client.empty: referenced in
+place), the daemon writes O and LSE there, and they are copied out into
 ordinary tensors, which autograd saves for the backward call (the daemon
 keeps no state between calls: Backward carries O and LSE).
 """
@@ -189,22 +190,41 @@ def _ref(region, offset, shape, dtype):
                                 dtype=DTYPES.get(dtype, common_pb2.DTYPE_FLOAT32))
 
 
+def _stage(call, inputs, outputs):
+    """Places one call's tensors: each input (name, tensor) that lies in a
+    region of the client's (Client.empty) is referenced in place, the others
+    are copied into an arena checked out for the call; outputs (name, shape,
+    dtype) get arena space. Returns (arena, refs by name, output views by
+    name); REQUIRES: checkin_arena(arena) after the call."""
+    client = call.client
+    refs, specs, copies = {}, [], []
+    for name, tensor in inputs:
+        found = client.locate(tensor)
+        if found is not None:
+            region, offset = found
+            refs[name] = _ref(region, offset, tensor.shape, tensor.dtype)
+        else:
+            specs.append((name, tensor.shape, tensor.dtype))
+            copies.append((name, tensor))
+    specs += outputs
+    offsets, nbytes = _layout(specs)
+    arena = client.checkout_arena(nbytes)
+    region = arena.region
+    views = {n: region.view(off, shape, dt) for n, (off, shape, dt) in offsets.items()}
+    for name, tensor in copies:
+        views[name].copy_(tensor)
+        client.copied_bytes += tensor.numel() * tensor.element_size()
+    for n, (off, shape, dt) in offsets.items():
+        refs[n] = _ref(region, off, shape, dt)
+    return arena, refs, views
+
+
 def _run_forward(call, q, k, v):
     """O [T, Hq, D] and LSE [Hq, T] (float32) of one forward call."""
-    t, hq, d = q.shape
-    hkv = k.shape[1]
-    offsets, nbytes = _layout([("q", q.shape, q.dtype), ("k", k.shape, k.dtype),
-                               ("v", v.shape, v.dtype), ("o", q.shape, q.dtype),
-                               ("lse", (hq, t), torch.float32)])
-    arena = call.client.checkout_arena(nbytes)
+    t, hq, _ = q.shape
+    arena, refs, views = _stage(call, [("q", q), ("k", k), ("v", v)],
+                                [("o", q.shape, q.dtype), ("lse", (hq, t), torch.float32)])
     try:
-        region = arena.region
-        views = {n: region.view(off, shape, dt) for n, (off, shape, dt) in offsets.items()}
-        views["q"].copy_(q)
-        views["k"].copy_(k)
-        views["v"].copy_(v)
-        refs = {n: _ref(region, off, shape, dt) for n, (off, shape, dt) in offsets.items()}
-
         def submit(call_seq):
             return call.client.forward(attention_pb2.AttentionForwardRequest(
                 call=call.call_id(call_seq), mask=call.mask, options=call.options,
@@ -218,20 +238,10 @@ def _run_forward(call, q, k, v):
 
 def _run_backward(call, q, k, v, o, lse, d_o):
     """dQ, dK, dV of one backward call (shapes and dtype of q, k, v)."""
-    hq, t = lse.shape
-    specs = [("q", q.shape, q.dtype), ("k", k.shape, k.dtype), ("v", v.shape, v.dtype),
-             ("o", o.shape, o.dtype), ("lse", lse.shape, torch.float32),
-             ("d_o", d_o.shape, d_o.dtype), ("dq", q.shape, q.dtype), ("dk", k.shape, k.dtype),
-             ("dv", v.shape, v.dtype)]
-    offsets, nbytes = _layout(specs)
-    arena = call.client.checkout_arena(nbytes)
+    arena, refs, views = _stage(
+        call, [("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("d_o", d_o)],
+        [("dq", q.shape, q.dtype), ("dk", k.shape, k.dtype), ("dv", v.shape, v.dtype)])
     try:
-        region = arena.region
-        views = {n: region.view(off, shape, dt) for n, (off, shape, dt) in offsets.items()}
-        for name, src in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("d_o", d_o)):
-            views[name].copy_(src)
-        refs = {n: _ref(region, off, shape, dt) for n, (off, shape, dt) in offsets.items()}
-
         def submit(call_seq):
             return call.client.backward(attention_pb2.AttentionBackwardRequest(
                 call=call.call_id(call_seq), mask=call.mask, options=call.options,

@@ -25,6 +25,7 @@ import mmap
 import os
 import socket
 import threading
+import weakref
 
 import grpc
 import torch
@@ -111,6 +112,9 @@ class Client:
         self._free_arenas = []
         self._arena_count = 0
         self._solo_group = None
+        self._shared = {}  # region_id -> Region of a tensor made by empty()
+        self._dead_shared = []  # region ids whose tensor was collected
+        self.copied_bytes = 0  # bytes attention calls copied into arenas
         self._closed = False
 
     # --- lifetime -----------------------------------------------------------
@@ -191,12 +195,61 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
+    # --- tensors in shared memory (referenced in place) ----------------------
+
+    def empty(self, shape, dtype=torch.float32, name="py-tensor"):
+        """An uninitialised CPU tensor in a region of its own, registered with
+        the daemon: attention calls of this client that take it as q, k or v
+        reference it in place instead of copying it into an arena. Once the
+        tensor object is collected its region is unregistered (at the
+        client's next call); views that outlive it stay valid here and are
+        simply copied again."""
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        self._reap_shared()
+        region = self.create_region(max(_align(nbytes), _ALIGN), name)
+        tensor = region.view(0, tuple(shape), dtype)
+        with self._arena_lock:
+            self._shared[region.region_id] = region
+        weakref.finalize(tensor, self._shared_tensor_died, region.region_id)
+        return tensor
+
+    def locate(self, tensor):
+        """(region, byte offset) when `tensor` (contiguous) lies inside a
+        region made by empty(), else None."""
+        start = tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()
+        with self._arena_lock:
+            for region in self._shared.values():
+                base = region.tensor.data_ptr()
+                if base <= start and end <= base + region.size:
+                    return region, start - base
+        return None
+
+    def _shared_tensor_died(self, region_id):
+        # Runs inside garbage collection: no RPC here, just note it.
+        with self._arena_lock:
+            if self._shared.pop(region_id, None) is not None:
+                self._dead_shared.append(region_id)
+
+    def _reap_shared(self):
+        with self._arena_lock:
+            dead, self._dead_shared = self._dead_shared, []
+        for region_id in dead:
+            try:
+                self.unregister(region_id)
+            except HsapError:
+                pass  # e.g. the session ended; nothing left to release
+
     # --- arenas -------------------------------------------------------------
 
     def checkout_arena(self, nbytes):
         """An arena of at least `nbytes` for one call; give it back with
         `checkin_arena`. Reuses a free one; replaces one that is too small by
         a larger region (at least double), or registers a new one."""
+        self._reap_shared()
         with self._arena_lock:
             fits = [a for a in self._free_arenas if a.region.size >= nbytes]
             if fits:

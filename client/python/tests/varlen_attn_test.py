@@ -95,6 +95,33 @@ class VarlenAttnTest(DaemonTestCase):
         # Ten calls (forward + backward each) of the session's one-rank group.
         self.assertEqual(self.client.solo_group().call_seq, 10)
 
+    def test_tensors_in_shared_memory_are_not_copied(self):
+        cu = [0, 30, 100]
+        src_q, src_k, src_v, d_o = random_qkv(100, 4, 2, 32, seed=5)
+        q = self.client.empty((100, 4, 32))
+        k = self.client.empty((100, 2, 32))
+        v = self.client.empty((100, 2, 32))
+        for dst, src in ((q, src_q), (k, src_k), (v, src_v)):
+            dst.copy_(src).requires_grad_()
+        out, lse = self.client.varlen_attn(q, k, v, cu, 70, return_lse=True)
+        out.backward(d_o)
+        # Copied: only what does not live in shared memory — O, LSE and dO
+        # into the backward call.
+        self.assertEqual(self.client.copied_bytes, out.numel() * 4 * 2 + lse.numel() * 4)
+        q64, k64, v64 = (x.double().requires_grad_() for x in (src_q, src_k, src_v))
+        ref_out, ref_lse = varlen_attn_reference(q64, k64, v64, cu)
+        ref_out.backward(d_o.double())
+        for got, want in ((out, ref_out), (lse, ref_lse), (q.grad, q64.grad), (k.grad, k64.grad),
+                          (v.grad, v64.grad)):
+            self.assertLessEqual(rel_error(got, want), FP32_TOLERANCE)
+        self.assertEqual(len(self.client.list_regions().regions), 4)  # 3 tensors + the arena
+        # Once the tensors are gone their regions are unregistered (at the next call).
+        del q, k, v, out, lse, dst
+        import gc
+        gc.collect()
+        self.client.varlen_attn(src_q, src_k, src_v, cu, 70)
+        self.assertEqual(len(self.client.list_regions().regions), 1)
+
     def test_module_level_call_uses_the_default_client(self):
         import os
         os.environ["HSAP_SOCKET"] = self.daemon.socket
