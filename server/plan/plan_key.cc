@@ -8,26 +8,31 @@
 namespace hsap::plan {
 namespace {
 
-// A streaming 64-bit hash over 64-bit words: each word is mixed with the
-// murmur3/splitmix finalizer and folded into the state. Stable by
-// construction (no per-process seed).
+// A streaming 64-bit hash over 64-bit words: one multiply-rotate step per
+// word with a per-stream multiplier and rotation (cheap: the cache-hit path hashes every request) and the
+// murmur3/splitmix finalizer at the end. Stable by construction (no
+// per-process seed).
 class StableHasher {
  public:
-  explicit StableHasher(uint64_t seed) : state_(seed) {}
+  StableHasher(uint64_t seed, uint64_t multiplier, int rotation)
+      : state_(seed), multiplier_(multiplier), rotation_(rotation) {}
   void Add(uint64_t word) {
-    state_ ^= Mix(word + 0x9e3779b97f4a7c15ull + (state_ << 6) + (state_ >> 2));
-    state_ *= 0xff51afd7ed558ccdull;
+    state_ = Rotl(state_ ^ (word * 0x9e3779b97f4a7c15ull), rotation_) * multiplier_ +
+             0x165667b19e3779f9ull;
     ++count_;
   }
   uint64_t Finish() const { return Mix(state_ ^ count_); }
 
  private:
+  static uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
   static uint64_t Mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
   uint64_t state_;
+  const uint64_t multiplier_;
+  const int rotation_;
   uint64_t count_ = 0;
 };
 
@@ -88,10 +93,11 @@ bool PlanKey::FromHex(absl::string_view hex, PlanKey* out) {
 }
 
 PlanKey ComputePlanKey(const PlanSpec& spec, uint32_t format_version) {
-  StableHasher a(0x243f6a8885a308d3ull), b(0x13198a2e03707344ull);
+  StableHasher a(0x243f6a8885a308d3ull, 0xff51afd7ed558ccdull, 27);
+  StableHasher b(0x13198a2e03707344ull, 0xc4ceb9fe1a85ec53ull, 31);
   Encode(spec, format_version, [&](uint64_t w) {
     a.Add(w);
-    b.Add(~w);
+    b.Add(w);
   });
   return PlanKey{a.Finish(), b.Finish()};
 }

@@ -3,9 +3,10 @@
 //
 // Every node computes the key independently and the daemons compare keys to
 // agree on the plan, so the hash must be identical across processes,
-// machines and builds: it is implemented here (two 64-bit multiply-xorshift
-// passes with different seeds over little-endian fields), never std::hash or
-// absl::Hash (both are seeded per process).
+// machines and builds: it is implemented here (two 64-bit multiply-rotate
+// streams with different seeds, multipliers and rotations over the fields as
+// 64-bit words, each finished with the splitmix finalizer), never std::hash
+// or absl::Hash (both are seeded per process).
 #ifndef HSAP_SERVER_PLAN_PLAN_KEY_H_
 #define HSAP_SERVER_PLAN_PLAN_KEY_H_
 
