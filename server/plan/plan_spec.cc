@@ -153,9 +153,12 @@ absl::Status ValidatePlanSpec(const PlanSpec& spec) {
   // <= 2^12 * 2^12 * 20 < 2^29, times 2^40 tokens < 2^69: check explicitly.
   const int64_t row_bytes =
       (2 * int64_t{h.num_heads_q} + 2 * h.num_heads_kv) * h.head_dim * 4 + 4 * h.num_heads_q;
-  if (spec.total_tokens > 0 && row_bytes > (int64_t{1} << 62) / spec.total_tokens) {
+  // Plan statistics sum bytes over all ranks: bound ranks x that too.
+  const int64_t ranks = int64_t{t.num_nodes} * t.devices_per_node;
+  if (spec.total_tokens > 0 && row_bytes > (int64_t{1} << 62) / spec.total_tokens / ranks) {
     return InvalidArgumentError(StrCat("total_tokens (", spec.total_tokens, ") x ", row_bytes,
-                                       " bytes per token row (shape) overflows 2^62 bytes"));
+                                       " bytes per token row (shape) x ", ranks,
+                                       " ranks overflows 2^62 bytes"));
   }
   const bool has_cu = !spec.cu_seqlens.empty();
   const bool has_slices = !spec.slices.empty();
