@@ -49,8 +49,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   runner.default_deadline = options.call_deadline;
   runner.cluster = d->cluster_node_.get();
   runner.ucx = d->ucx_.get();
-  d->state_ = std::make_unique<DaemonState>(threads, runner, options.region_limits);
-  for (int i = 0; i < options.cpu_devices; ++i) d->state_->device_names.push_back(absl::StrCat("cpu:", i));
+  std::vector<std::string> devices;
+  for (int i = 0; i < options.cpu_devices; ++i) devices.push_back(absl::StrCat("cpu:", i));
+  d->state_ = std::make_unique<DaemonState>(threads, runner, devices, options.region_limits);
+  if (options.metrics_port > 0) {
+    metrics::ExposerOptions m;
+    m.bind_address = absl::StrCat(options.metrics_host, ":", options.metrics_port);
+    auto exposer = metrics::Exposer::Create(m);
+    if (!exposer.ok()) return exposer.status();
+    d->exposer_ = std::move(exposer).value();
+    d->exposer_->RegisterCollectable(&d->state_->metrics_registry);
+  }
   d->state_->limits.max_group_size = num_nodes * options.cpu_devices;
   if (d->cluster_node_ != nullptr) {
     DaemonState* state = d->state_.get();
@@ -129,7 +138,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                  << d->session_socket_path() << ")"
                  << (options.tcp_port > 0 ? absl::StrCat(", tcp ", options.tcp_host, ":", bound_tcp)
                                           : std::string(", tcp off"))
-                 << "; devices cpu:" << options.cpu_devices << ", " << threads << " kernel threads";
+                 << "; devices cpu:" << options.cpu_devices << ", " << threads << " kernel threads"
+                 << (d->exposer_ != nullptr ? absl::StrCat("; metrics http://", options.metrics_host,
+                                                           ":", d->exposer_->port(), "/metrics")
+                                            : std::string());
   return d;
 }
 
@@ -156,6 +168,7 @@ void Daemon::Drain(absl::Duration timeout) {
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (cluster_start_.joinable()) cluster_start_.join();
   session_socket_.reset();  // ends every session, reclaims their regions
+  exposer_.reset();
   unlink(options_.socket_path.c_str());
   HSAP_LOG(INFO) << "drained";
 }

@@ -20,6 +20,7 @@
 #include "server/grpc/plans_service.h"
 #include "server/grpc/services.h"
 #include "server/cluster/cluster.h"
+#include "server/metrics/http_exposer.h"
 #include "server/shm/session_socket.h"
 #include "server/transport/ucx_worker.h"
 
@@ -38,6 +39,9 @@ struct DaemonOptions {
   int allowed_uid = -1;
   // Cluster: every node's TCP host:port in node order (empty or one entry:
   // a single node) and this node's index. Needs tcp_port.
+  // Prometheus /metrics over HTTP; port 0 = off.
+  std::string metrics_host = "127.0.0.1";
+  int metrics_port = 0;
   std::vector<std::string> peers;
   int node_rank = 0;
   // UCX transports for the data plane between nodes (UCX_TLS syntax; empty:
@@ -82,6 +86,7 @@ class Daemon {
   std::unique_ptr<PlansService> plans_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<shm::SessionSocket> session_socket_;
+  std::unique_ptr<metrics::Exposer> exposer_;  // after state_: stops first
   bool drained_ = false;
 };
 

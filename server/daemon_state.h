@@ -11,6 +11,8 @@
 
 #include "kernels/cpu/thread_pool.h"
 #include "server/exec/call_gate.h"
+#include "server/metrics/hsap_metrics.h"
+#include "server/metrics/registry.h"
 #include "server/exec/call_matcher.h"
 #include "server/exec/call_runner.h"
 #include "server/plan/plan_cache.h"
@@ -21,9 +23,16 @@
 namespace hsap {
 
 struct DaemonState {
+  // Metrics first: everything below may record into them.
+  metrics::Registry metrics_registry;
+  metrics::HsapMetrics metrics;
+  std::vector<std::string> device_names;  // "cpu:0", ...
+
   DaemonState(int cpu_threads, const CallRunnerOptions& runner_options,
-              shm::RegionLimits region_limits = {})
-      : regions(region_limits),
+              const std::vector<std::string>& devices, shm::RegionLimits region_limits = {})
+      : metrics(&metrics_registry, metrics::HsapMetricsOptions{devices}),
+        device_names(devices),
+        regions(region_limits),
         sessions(&regions),
         pool(cpu_threads),
         matcher(CallResources(runner_options)),
@@ -34,11 +43,20 @@ struct DaemonState {
   CallGate gate;
   kernels::cpu::ThreadPool pool;
   ValidationLimits limits;
+
+  // Refreshes the gauges that mirror other parts' state (regions, sessions,
+  // plan cache); called after each call and region change.
+  void RefreshGauges() {
+    metrics.SetRegions(static_cast<int64_t>(regions.List().size()),
+                       static_cast<int64_t>(regions.total_bytes()));
+    metrics.SetSessions(sessions.num_sessions());
+    const plan::PlanCacheStats s = plans.Stats();
+    metrics.SetPlanCacheStats({s.hits, s.misses, s.entries, s.bytes});
+  }
   plan::PlanCache plans;
   CallMatcher matcher;
   const CallRunnerOptions runner;
   ActiveCalls active;
-  std::vector<std::string> device_names;  // "cpu:0", ...
   std::atomic<uint64_t> calls_total{0};
   std::atomic<uint64_t> busy_micros{0};
 };

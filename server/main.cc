@@ -21,6 +21,8 @@ ABSL_FLAG(std::string, socket, "/run/hsap/hsapd.sock",
           "gRPC Unix socket for local trainers (mode 0600); sessions use <socket>.session");
 ABSL_FLAG(int, port, 0, "TCP port for peers and operators; 0 = off");
 ABSL_FLAG(std::string, host, "127.0.0.1", "TCP address to listen on when --port is set");
+ABSL_FLAG(int, metrics_port, 0, "HTTP port serving Prometheus /metrics; 0 = off");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address of the /metrics endpoint");
 ABSL_FLAG(std::string, devices, "cpu:1", "device slots of this node: cpu:N");
 ABSL_FLAG(int, cpu_threads, 0, "threads for the CPU kernels; 0 = one per core");
 ABSL_FLAG(int, call_deadline_ms, 60000,
@@ -62,6 +64,8 @@ int main(int argc, char** argv) {
   options.socket_path = absl::GetFlag(FLAGS_socket);
   options.tcp_port = absl::GetFlag(FLAGS_port);
   options.tcp_host = absl::GetFlag(FLAGS_host);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.call_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_call_deadline_ms));
   options.peers = absl::GetFlag(FLAGS_peers);

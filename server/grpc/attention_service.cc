@@ -6,9 +6,33 @@
 #include "server/grpc/services.h"
 #include "server/grpc/session_auth.h"
 #include "server/grpc/status_util.h"
+#include "server/plan/plan_spec.h"
 
 namespace hsap {
 namespace {
+
+template <typename Request, typename Validate>
+grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, const Request& request,
+                     Validate validate, hsap::v1::CallStats* stats);
+
+// Every call, whatever its outcome, is counted in the metrics.
+template <typename Request, typename Validate>
+grpc::Status RunAndRecord(DaemonState* state, const grpc::ServerContext& context,
+                          const Request& request, Validate validate, metrics::CallOp op,
+                          hsap::v1::CallStats* stats) {
+  const absl::Time start = absl::Now();
+  state->metrics.AddQueueDepth(1);  // calls in the daemon: waiting for their group or running
+  const grpc::Status st = RunCall(state, context, request, validate, stats);
+  state->metrics.AddQueueDepth(-1);
+  std::string strategy = "other";
+  if (st.ok()) {
+    strategy = std::string(plan::StrategyName(static_cast<plan::Strategy>(stats->strategy())));
+  }
+  state->metrics.RecordCall(op, strategy, static_cast<absl::StatusCode>(st.error_code()),
+                            absl::ToDoubleSeconds(absl::Now() - start));
+  state->RefreshGauges();
+  return st;
+}
 
 template <typename Request, typename Validate>
 grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, const Request& request,
@@ -31,6 +55,16 @@ grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, con
     return ToGrpcStatus(st);
   }
   state->calls_total.fetch_add(1, std::memory_order_relaxed);
+  for (int tier = 0; tier < 2; ++tier) {
+    const auto t = static_cast<metrics::LinkTier>(tier);
+    state->metrics.RecordTransfer(metrics::TransferDirection::kSent, t, outcome.exec.sent_bytes[tier]);
+    state->metrics.RecordTransfer(metrics::TransferDirection::kReceived, t,
+                                  outcome.exec.received_bytes[tier]);
+  }
+  const int slot = state->device_names.empty()
+                       ? 0
+                       : call->rank % static_cast<int>(state->device_names.size());
+  state->metrics.RecordDeviceBusy(slot, outcome.exec.compute_seconds);
   state->busy_micros.fetch_add(static_cast<uint64_t>(outcome.exec.compute_seconds * 1e6),
                                std::memory_order_relaxed);
   stats->set_plan_key(outcome.plan_key);
@@ -50,13 +84,15 @@ grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, con
 grpc::Status AttentionService::Forward(grpc::ServerContext* context,
                                        const hsap::v1::AttentionForwardRequest* request,
                                        hsap::v1::AttentionForwardResponse* response) {
-  return RunCall(state_, *context, *request, ValidateForward, response->mutable_stats());
+  return RunAndRecord(state_, *context, *request, ValidateForward, metrics::CallOp::kForward,
+                      response->mutable_stats());
 }
 
 grpc::Status AttentionService::Backward(grpc::ServerContext* context,
                                         const hsap::v1::AttentionBackwardRequest* request,
                                         hsap::v1::AttentionBackwardResponse* response) {
-  return RunCall(state_, *context, *request, ValidateBackward, response->mutable_stats());
+  return RunAndRecord(state_, *context, *request, ValidateBackward, metrics::CallOp::kBackward,
+                      response->mutable_stats());
 }
 
 }  // namespace hsap

@@ -60,6 +60,7 @@ grpc::Status RegionsService::RegisterRegion(grpc::ServerContext* context,
   auto id = state_->regions.Register(*session, request->name(), std::move(mapping).value());
   if (!id.ok()) return ToGrpcStatus(id.status());
   response->set_region_id(*id);
+  state_->RefreshGauges();
   return grpc::Status::OK;
 }
 
@@ -68,7 +69,9 @@ grpc::Status RegionsService::UnregisterRegion(grpc::ServerContext* context,
                                               hsap::v1::UnregisterRegionResponse*) {
   absl::StatusOr<uint64_t> session = SessionOf(*context, state_->sessions);
   if (!session.ok()) return ToGrpcStatus(session.status());
-  return ToGrpcStatus(state_->regions.Unregister(*session, request->region_id()));
+  const absl::Status st = state_->regions.Unregister(*session, request->region_id());
+  state_->RefreshGauges();
+  return ToGrpcStatus(st);
 }
 
 grpc::Status RegionsService::GetRegion(grpc::ServerContext* context,

@@ -28,8 +28,12 @@ double RelError(const std::vector<double>& a, const std::vector<double>& b) {
 }
 
 GlobalProblem MakeProblem(std::vector<int64_t> cu, bool causal, uint64_t seed,
-                          bool with_reference) {
+                          bool with_reference, int64_t heads_q, int64_t heads_kv,
+                          int64_t head_dim) {
   GlobalProblem p;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.head_dim = head_dim;
   p.cu_seqlens = std::move(cu);
   p.causal = causal;
   const int64_t t = p.tokens();
@@ -85,6 +89,8 @@ absl::StatusOr<GroupResult> RunGroup(const GlobalProblem& p, const GroupSpec& sp
     std::unique_ptr<client::AttentionBuffers> buf;
     std::vector<int64_t> tokens;
     hsap::v1::AttentionForwardResponse fwd;
+    hsap::v1::AttentionBackwardResponse bwd;
+    absl::Time fwd_start, fwd_end, bwd_start, bwd_end;
   };
   std::vector<Rank> rs(ranks);
   for (int32_t r = 0; r < ranks; ++r) {
@@ -124,12 +130,20 @@ absl::StatusOr<GroupResult> RunGroup(const GlobalProblem& p, const GroupSpec& sp
       id.set_rank(r);
       id.set_group_size(ranks);
       id.set_call_seq(spec.first_call_seq);
-      auto f = rs[r].client->Forward(rs[r].buf->ForwardRequest(id, mask, options));
+      const auto fwd_request = rs[r].buf->ForwardRequest(id, mask, options);
+      rs[r].fwd_start = absl::Now();
+      auto f = rs[r].client->Forward(fwd_request);
+      rs[r].fwd_end = absl::Now();
       if (!f.ok()) return f.status();
       rs[r].fwd = *f;
       id.set_call_seq(spec.first_call_seq + 1);
-      auto b = rs[r].client->Backward(rs[r].buf->BackwardRequest(id, mask, options));
-      return b.ok() ? absl::OkStatus() : b.status();
+      const auto bwd_request = rs[r].buf->BackwardRequest(id, mask, options);
+      rs[r].bwd_start = absl::Now();
+      auto b = rs[r].client->Backward(bwd_request);
+      rs[r].bwd_end = absl::Now();
+      if (!b.ok()) return b.status();
+      rs[r].bwd = *b;
+      return absl::OkStatus();
     }));
   }
   absl::Status first_error;
@@ -145,10 +159,23 @@ absl::StatusOr<GroupResult> RunGroup(const GlobalProblem& p, const GroupSpec& sp
   out.dq.resize(p.dq.size());
   out.dk.resize(p.dk.size());
   out.dv.resize(p.dv.size());
+  absl::Time f0 = absl::InfiniteFuture(), f1 = absl::InfinitePast();
+  absl::Time b0 = absl::InfiniteFuture(), b1 = absl::InfinitePast();
+  for (const Rank& r : rs) {
+    f0 = std::min(f0, r.fwd_start);
+    f1 = std::max(f1, r.fwd_end);
+    b0 = std::min(b0, r.bwd_start);
+    b1 = std::max(b1, r.bwd_end);
+  }
+  out.forward_seconds = absl::ToDoubleSeconds(f1 - f0);
+  out.backward_seconds = absl::ToDoubleSeconds(b1 - b0);
+  out.plan_key = rs[0].fwd.stats().plan_key();
   for (int32_t r = 0; r < ranks; ++r) {
     auto& buf = *rs[r].buf;
     out.strategies_run.push_back(rs[r].fwd.stats().strategy());
     out.bytes_sent.push_back(rs[r].fwd.stats().bytes_sent());
+    out.bytes_received.push_back(rs[r].fwd.stats().bytes_received());
+    out.bwd_bytes_received.push_back(rs[r].bwd.stats().bytes_received());
     const int64_t n = static_cast<int64_t>(rs[r].tokens.size());
     for (int64_t i = 0; i < n; ++i) {
       const int64_t g = rs[r].tokens[i];

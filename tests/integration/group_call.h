@@ -27,12 +27,20 @@ struct GlobalProblem {
 
 // Random inputs and (unless with_reference is false) the reference.
 GlobalProblem MakeProblem(std::vector<int64_t> cu_seqlens, bool causal, uint64_t seed,
-                          bool with_reference = true);
+                          bool with_reference = true, int64_t heads_q = 4, int64_t heads_kv = 2,
+                          int64_t head_dim = 32);
 
 struct GroupResult {
   std::vector<double> o, lse, dq, dk, dv;  // global order
   std::vector<hsap::v1::Strategy> strategies_run;
-  std::vector<uint64_t> bytes_sent;  // forward, per rank
+  std::vector<uint64_t> bytes_sent;      // forward, per rank (the transport's count)
+  std::vector<uint64_t> bytes_received;  // forward, per rank
+  std::vector<uint64_t> bwd_bytes_received;  // backward, per rank
+  std::string plan_key;
+  // Wall time of the collective calls: from the first rank's request to the
+  // last rank's reply.
+  double forward_seconds = 0;
+  double backward_seconds = 0;
   double max_error = 0;              // over O, LSE, dQ, dK, dV vs the reference
 };
 

@@ -1,6 +1,6 @@
-// A real Prometheus server (Debian's `prometheus`) scrapes the daemon's
-// metric set from an Exposer on loopback, and the values read back through
-// its query API. This is the check that the exposition is what Prometheus
+// A real Prometheus server (Debian's `prometheus`) scrapes a running hsapd
+// (--metrics_port) on loopback after real attention calls, and the values
+// read back through its query API. This is the check that the exposition is what Prometheus
 // itself accepts, end to end: HTTP, headers, text format, names and labels.
 //
 // Everything stays on 127.0.0.1. Prometheus runs as a child process with
@@ -27,7 +27,10 @@
 #include "absl/time/time.h"
 #include "common/version.h"
 #include "gtest/gtest.h"
+#include "client/cpp/attention_buffers.h"
+#include "client/cpp/hsap_client.h"
 #include "server/metrics/hsap_metrics.h"
+#include "tests/integration/test_daemon.h"
 #include "server/metrics/http_exposer.h"
 #include "server/metrics/registry.h"
 #include "server/metrics/test_util.h"
@@ -117,19 +120,43 @@ TEST(PrometheusScrapeTest, PrometheusReadsBackTheHsapMetrics) {
   ASSERT_EQ(std::system("command -v prometheus >/dev/null 2>&1"), 0)
       << "prometheus is not installed (Debian package prometheus; run scripts/install_deps.sh)";
 
-  // The daemon's side: the HSAP metric set with some values, on loopback.
-  Registry registry;
-  HsapMetrics metrics(&registry, {.devices = {"cpu:0", "cpu:1"}});
-  for (int i = 0; i < 3; ++i) {
-    metrics.RecordCall(CallOp::kForward, "hsap", absl::StatusCode::kOk, 0.02);
+  // The daemon's side: hsapd serving /metrics, after three forward calls
+  // (strategy sap) and one that failed validation.
+  absl::StatusOr<int> metrics_port = testing::PickFreeLoopbackPort();
+  ASSERT_TRUE(metrics_port.ok()) << metrics_port.status();
+  DaemonOptions options;
+  options.metrics_port = *metrics_port;
+  auto daemon = hsap::testing::StartInProcessDaemon(options);
+  auto client = client::Client::Connect(daemon->socket());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto buffers = client::AttentionBuffers::Create(client->get(), {64, 2, 2, 32, DType::kFloat32}, "m");
+  ASSERT_TRUE(buffers.ok()) << buffers.status();
+  (*buffers)->FillInputs(1);
+  hsap::v1::CallOptions call_options;
+  call_options.set_strategy(hsap::v1::STRATEGY_SAP);
+  for (int seq = 1; seq <= 3; ++seq) {
+    hsap::v1::CallId id;
+    id.set_group("metrics");
+    id.set_group_size(1);
+    id.set_call_seq(seq);
+    auto r = (*client)->Forward(
+        (*buffers)->ForwardRequest(id, client::DocumentMask({0, 30, 64}, true), call_options));
+    ASSERT_TRUE(r.ok()) << r.status();
   }
-  metrics.RecordCall(CallOp::kBackward, "ring", absl::StatusCode::kDeadlineExceeded, 1.5);
-  metrics.RecordTransfer(TransferDirection::kSent, LinkTier::kInterNode, 1 << 20);
-  metrics.SetSessions(2);
-  absl::StatusOr<std::unique_ptr<Exposer>> exposer =
-      Exposer::Create({.bind_address = "127.0.0.1:0"});
-  ASSERT_TRUE(exposer.ok()) << exposer.status();
-  (*exposer)->RegisterCollectable(&registry);
+  {
+    hsap::v1::CallId id;
+    id.set_group("metrics");
+    id.set_group_size(1);
+    id.set_call_seq(4);
+    auto bad = (*client)->Forward(
+        (*buffers)->ForwardRequest(id, client::DocumentMask({0, 30, 63}, true), call_options));
+    ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  struct {
+    int port() const { return p; }
+    int p;
+  } exposer_port{*metrics_port};
+  auto* exposer = &exposer_port;
 
   // Prometheus, scraping it every second, on another loopback port.
   absl::StatusOr<std::string> dir_path = testing::MakeTempDir("prometheus");
@@ -146,7 +173,7 @@ TEST(PrometheusScrapeTest, PrometheusReadsBackTheHsapMetrics) {
       "  - job_name: hsapd\n"
       "    static_configs:\n"
       "      - targets: ['127.0.0.1:%d']\n",
-      (*exposer)->port());
+      exposer->port());
   absl::StatusOr<int> web_port = testing::PickFreeLoopbackPort();
   ASSERT_TRUE(web_port.ok()) << web_port.status();
 
@@ -170,7 +197,7 @@ TEST(PrometheusScrapeTest, PrometheusReadsBackTheHsapMetrics) {
   const std::string build_info_query = "/api/v1/query?query=" + UrlEncode("hsap_build_info");
   const std::string calls_query =
       "/api/v1/query?query=" +
-      UrlEncode("hsap_calls_total{op=\"forward\",strategy=\"hsap\",status=\"OK\"}");
+      UrlEncode("hsap_calls_total{op=\"forward\",strategy=\"sap\",status=\"OK\"}");
   const std::string up_query = "/api/v1/query?query=" + UrlEncode("up{job=\"hsapd\"}");
   std::string build_info_body, calls_body, up_body;
   bool read_back = false;
@@ -207,7 +234,7 @@ TEST(PrometheusScrapeTest, PrometheusReadsBackTheHsapMetrics) {
   EXPECT_NE(build_info_body.find(absl::StrCat("\"version\":\"", kVersion, "\"")),
             std::string::npos)
       << build_info_body;
-  EXPECT_NE(build_info_body.find(absl::StrCat("\"instance\":\"127.0.0.1:", (*exposer)->port())),
+  EXPECT_NE(build_info_body.find(absl::StrCat("\"instance\":\"127.0.0.1:", exposer->port())),
             std::string::npos)
       << build_info_body;
   EXPECT_EQ(QueryValues(calls_body), std::vector<std::string>{"3"}) << calls_body;

@@ -43,10 +43,15 @@ std::unique_ptr<InProcessDaemon> StartInProcessDaemon(DaemonOptions options) {
 }
 
 std::string Runfile(const std::string& path) {
-  if (const char* srcdir = getenv("TEST_SRCDIR")) {
-    const std::string p = absl::StrCat(srcdir, "/hsap/", path);
-    if (access(p.c_str(), X_OK) == 0) return p;
+  // Under `bazel test` (TEST_SRCDIR), `bazel run` (RUNFILES_DIR, or the
+  // runfiles root as working directory), or from the repository root.
+  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
+    if (const char* dir = getenv(var)) {
+      const std::string p = absl::StrCat(dir, "/hsap/", path);
+      if (access(p.c_str(), X_OK) == 0) return p;
+    }
   }
+  if (access(path.c_str(), X_OK) == 0) return path;
   return absl::StrCat("bazel-bin/", path);
 }
 

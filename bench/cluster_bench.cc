@@ -1,0 +1,161 @@
+// cluster_bench: forward + backward through a loopback cluster of real
+// hsapd processes (UCX over tcp between nodes), for the sequence-aware
+// strategies against the baselines, on packs of real document lengths.
+//
+// Everything is measured side by side in one run: for each pack and
+// strategy, the median over --reps of the group's forward and backward wall
+// time (first request to last reply), and the bytes each rank received
+// (the transports' own counts). Ratios are against ring on the same pack.
+//
+//   bazel run -c opt //bench:cluster_bench -- --nodes=2 --devices=2 --tokens=8192
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/workload.h"
+#include "tests/integration/group_call.h"
+#include "tests/integration/local_cluster.h"
+
+ABSL_FLAG(int, nodes, 2, "daemons (nodes) of the loopback cluster");
+ABSL_FLAG(int, devices, 2, "CPU device slots per node");
+ABSL_FLAG(int64_t, tokens, 8192, "tokens per pack");
+ABSL_FLAG(int, packs, 3, "packs of the workload to run");
+ABSL_FLAG(int, reps, 3, "repetitions per (pack, strategy); the median is reported");
+ABSL_FLAG(int, heads, 8, "query heads");
+ABSL_FLAG(int, kv_heads, 8, "key/value heads");
+ABSL_FLAG(int, head_dim, 64, "head dimension");
+ABSL_FLAG(std::string, workload, "", "document lengths (default ../shared/workloads/python-stdlib.tokens)");
+ABSL_FLAG(std::string, ucx_transports, "tcp", "UCX transports between the daemons");
+
+namespace {
+
+using hsap::testing::GroupResult;
+using hsap::testing::GroupSpec;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Row {
+  double fwd = 0, bwd = 0;
+  uint64_t max_recv = 0, total_recv = 0;
+  std::string ran;
+  bool ok = false;
+  std::string error;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int nodes = absl::GetFlag(FLAGS_nodes), devices = absl::GetFlag(FLAGS_devices);
+  std::string path = absl::GetFlag(FLAGS_workload);
+  if (path.empty()) path = hsap::FindWorkload();
+  auto lengths = hsap::LoadDocumentLengths(path);
+  if (!lengths.ok()) {
+    std::fprintf(stderr, "%s\n", lengths.status().ToString().c_str());
+    return 1;
+  }
+  auto cluster = hsap::testing::LocalCluster::Start(
+      nodes, devices,
+      {"--cpu_threads=1", absl::StrCat("--ucx_transports=", absl::GetFlag(FLAGS_ucx_transports)),
+       "--call_deadline_ms=600000"});
+  if (!cluster.ok() || !(*cluster)->WaitFormed(absl::Seconds(60)).ok()) {
+    std::fprintf(stderr, "cluster did not form\n");
+    return 1;
+  }
+  const auto packs = hsap::PackDocuments(*lengths, absl::GetFlag(FLAGS_tokens),
+                                         absl::GetFlag(FLAGS_packs), /*seed=*/2026);
+  const std::vector<std::pair<const char*, hsap::v1::Strategy>> strategies = {
+      {"ring", hsap::v1::STRATEGY_RING},       {"ulysses", hsap::v1::STRATEGY_ULYSSES},
+      {"allgather", hsap::v1::STRATEGY_ALLGATHER}, {"usp", hsap::v1::STRATEGY_USP},
+      {"sap", hsap::v1::STRATEGY_SAP},         {"hsap", hsap::v1::STRATEGY_HSAP},
+      {"auto", hsap::v1::STRATEGY_AUTO}};
+  std::printf("HSAP cluster_bench: %d nodes x %d CPU devices (loopback, UCX %s), T=%lld per pack, "
+              "Hq=%d Hkv=%d D=%d fp32, causal documents from %s, median of %d\n",
+              nodes, devices, absl::GetFlag(FLAGS_ucx_transports).c_str(),
+              static_cast<long long>(absl::GetFlag(FLAGS_tokens)), absl::GetFlag(FLAGS_heads),
+              absl::GetFlag(FLAGS_kv_heads), absl::GetFlag(FLAGS_head_dim), path.c_str(),
+              absl::GetFlag(FLAGS_reps));
+  std::map<std::string, double> sum_time, sum_max_recv;
+  uint64_t seq_group = 0;
+  for (size_t pi = 0; pi < packs.size(); ++pi) {
+    const auto& cu = packs[pi];
+    const auto problem = hsap::testing::MakeProblem(
+        cu, true, pi, /*with_reference=*/false, absl::GetFlag(FLAGS_heads),
+        absl::GetFlag(FLAGS_kv_heads), absl::GetFlag(FLAGS_head_dim));
+    std::printf("\npack %zu: %zu documents (longest %lld tokens)\n", pi, cu.size() - 1,
+                [&] {
+                  long long m = 0;
+                  for (size_t i = 1; i < cu.size(); ++i) m = std::max<long long>(m, cu[i] - cu[i - 1]);
+                  return m;
+                }());
+    std::printf("  %-9s %-8s %10s %10s %10s %9s %14s %14s\n", "strategy", "ran", "fwd ms",
+                "bwd ms", "fwd+bwd", "vs ring", "max recv B/rk", "total recv B");
+    std::map<std::string, Row> rows;
+    for (const auto& [name, strategy] : strategies) {
+      Row row;
+      std::vector<double> fwd, bwd;
+      for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
+        GroupSpec spec;
+        spec.group = absl::StrCat("bench", seq_group++);
+        spec.nodes = nodes;
+        spec.devices_per_node = devices;
+        spec.sockets = (*cluster)->sockets();
+        spec.strategy = strategy;
+        spec.assignment = hsap::v1::ASSIGNMENT_BALANCED;
+        auto r = hsap::testing::RunGroup(problem, spec);
+        if (!r.ok()) {
+          row.error = std::string(r.status().message());
+          break;
+        }
+        fwd.push_back(r->forward_seconds);
+        bwd.push_back(r->backward_seconds);
+        row.max_recv = *std::max_element(r->bytes_received.begin(), r->bytes_received.end());
+        row.total_recv = 0;
+        for (uint64_t b : r->bytes_received) row.total_recv += b;
+        row.ran = hsap::v1::Strategy_Name(r->strategies_run[0]).substr(9);
+        row.ok = true;
+      }
+      row.fwd = Median(fwd);
+      row.bwd = Median(bwd);
+      rows[name] = row;
+    }
+    const Row& ring = rows["ring"];
+    for (const auto& [name, strategy] : strategies) {
+      const Row& row = rows[name];
+      if (!row.ok) {
+        std::printf("  %-9s cannot run: %s\n", name, row.error.substr(0, 100).c_str());
+        continue;
+      }
+      const double total = row.fwd + row.bwd;
+      const double ratio = ring.ok ? total / (ring.fwd + ring.bwd) : 0;
+      std::printf("  %-9s %-8s %10.1f %10.1f %10.1f %9.3f %14llu %14llu\n", name, row.ran.c_str(),
+                  row.fwd * 1e3, row.bwd * 1e3, total * 1e3, ratio,
+                  static_cast<unsigned long long>(row.max_recv),
+                  static_cast<unsigned long long>(row.total_recv));
+      sum_time[name] += total;
+      sum_max_recv[name] += row.max_recv;
+    }
+  }
+  std::printf("\nsummed over the packs (ratios to ring; < 1 is better):\n");
+  for (const auto& [name, strategy] : strategies) {
+    if (sum_time.count(name) == 0 || sum_time.count("ring") == 0) continue;
+    std::printf("  %-9s time %.3f  busiest-rank fwd bytes %.3f\n", name,
+                sum_time[name] / sum_time["ring"], sum_max_recv[name] / sum_max_recv["ring"]);
+  }
+  auto ratio = [&](const char* s) {
+    return sum_time.count(s) && sum_time.count("ring") ? sum_time[s] / sum_time["ring"] : 0.0;
+  };
+  std::printf("sap_vs_ring=%.3f hsap_vs_ring=%.3f auto_vs_ring=%.3f auto_vs_ulysses=%.3f\n",
+              ratio("sap"), ratio("hsap"), ratio("auto"),
+              sum_time.count("ulysses") ? sum_time["auto"] / sum_time["ulysses"] : 0.0);
+  return 0;
+}
