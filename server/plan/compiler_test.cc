@@ -116,6 +116,21 @@ TEST(CompilerTest, ProtoRejectsAForeignKey) {
   EXPECT_EQ(spec->recv_buffer_bytes, kDefaultRecvBufferBytes);
 }
 
+TEST(CompilerTest, ByteTotalsOverAllRanksCannotOverflow) {
+  // 2^30 tokens x 81,920-byte rows fit 2^62, but not summed over 2^16 ranks.
+  PlanSpec spec = Spec(Strategy::kSap);
+  spec.total_tokens = int64_t{1} << 30;
+  spec.cu_seqlens.clear();
+  for (int64_t x = 0; x <= spec.total_tokens; x += int64_t{1} << 19) spec.cu_seqlens.push_back(x);
+  spec.shape = {4096, 4096, 1, DType::kBFloat16};
+  spec.topology = {1, 1};
+  EXPECT_TRUE(ValidatePlanSpec(spec).ok()) << ValidatePlanSpec(spec);
+  spec.topology = {256, 256};
+  const absl::Status s = ValidatePlanSpec(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("x 65536 ranks overflows 2^62 bytes"), std::string::npos) << s;
+}
+
 TEST(CompilerTest, EmptySequence) {
   PlanSpec spec = Spec(Strategy::kSap);
   spec.cu_seqlens = {0};
