@@ -48,8 +48,11 @@ class LogLine {
 #define HSAP_LOG(severity) \
   ::hsap::logging_internal::LogLine(HSAP_LOG_SEVERITY_##severity, __FILE__, __LINE__).stream()
 
-// Aborts with a message when an internal invariant fails.
+// Aborts with a message when an internal invariant fails. The if/else form
+// keeps a following `else` from binding to the macro's `if`.
 #define HSAP_CHECK(cond) \
-  if (!(cond)) HSAP_LOG(FATAL) << "Check failed: " #cond " "
+  if (cond) {            \
+  } else                 \
+    HSAP_LOG(FATAL) << "Check failed: " #cond " "
 
 #endif  // HSAP_COMMON_LOGGING_H_
