@@ -10,6 +10,9 @@ PACKAGES=(
   libgtest-dev libgmock-dev libhwy-dev
   prometheus
   python3-torch python3-grpcio python3-numpy python3-protobuf
+  # tests/fuzz: clang with libFuzzer and its sanitizer runtimes. (gcc's
+  # libasan8, libubsan1 and libtsan2 for --config=asan/tsan come with gcc.)
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Regenerates the wire-format seeds of tests/fuzz/corpus/ from the text
+# protos below (protoc --encode), each prefixed with the fuzzer's mode byte.
+# The FuzzedDataProvider targets' seeds are plain bytes, kept as committed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+C=tests/fuzz/corpus
+seed() {  # seed <target> <name> <mode byte (octal)> <message type> <text proto>
+  mkdir -p "$C/$1"
+  { printf "\\$3"; printf '%s' "$5" | protoc -Iproto --encode="$4" proto/hsap/v1/*.proto; } > "$C/$1/$2"
+}
+T='shape: [24, 4, 64]'
+F="call { group: \"train\" group_size: 1 call_seq: 1 }
+  mask { cu_seqlens { inline_values { values: [0, 10, 24] } } causal: true }
+  q { region_id: 1 offset: 0 $T dtype: DTYPE_FLOAT32 }
+  k { region_id: 1 offset: 1048576 shape: [24, 2, 64] dtype: DTYPE_FLOAT32 }
+  v { region_id: 1 offset: 2097152 shape: [24, 2, 64] dtype: DTYPE_FLOAT32 }
+  o { region_id: 1 offset: 3145728 $T dtype: DTYPE_FLOAT32 }
+  lse { region_id: 1 offset: 4194304 shape: [4, 24] dtype: DTYPE_FLOAT32 }"
+seed attention_validation_fuzzer forward_cu_seqlens 000 hsap.v1.AttentionForwardRequest "$F"
+SLICES='slices { total_tokens: 24 slices { q_begin: 0 q_end: 24 k_begin: 0 k_end: 24 type: MASK_TYPE_CAUSAL window: 3 } }'
+CU_INLINE='cu_seqlens { inline_values { values: [0, 10, 24] } }'
+CU_TENSOR='cu_seqlens { tensor { region_id: 3 shape: [4] dtype: DTYPE_INT64 } }'
+seed attention_validation_fuzzer forward_slices 000 hsap.v1.AttentionForwardRequest "${F/"$CU_INLINE"/$SLICES}"
+seed attention_validation_fuzzer forward_cu_tensor 000 hsap.v1.AttentionForwardRequest "${F/"$CU_INLINE"/$CU_TENSOR}"
+seed attention_validation_fuzzer backward 001 hsap.v1.AttentionBackwardRequest "$F
+  d_o { region_id: 1 offset: 5242880 $T dtype: DTYPE_FLOAT32 }
+  dq { region_id: 1 offset: 6291456 $T dtype: DTYPE_FLOAT32 }
+  dk { region_id: 1 offset: 7340032 shape: [24, 2, 64] dtype: DTYPE_FLOAT32 }
+  dv { region_id: 1 offset: 8388608 shape: [24, 2, 64] dtype: DTYPE_FLOAT32 }"
+
+S='topology { num_nodes: 2 devices_per_node: 2 } shape { num_heads_q: 4 num_heads_kv: 2 head_dim: 64 dtype: DTYPE_BFLOAT16 }'
+seed plan_spec_fuzzer documents 000 hsap.v1.PlanSpec "cu_seqlens: [0, 100, 350, 1000] causal: true window: -1 total_tokens: 1000 $S"
+seed plan_spec_fuzzer window_ring 000 hsap.v1.PlanSpec "cu_seqlens: [0, 7, 40] causal: true window: 5 total_tokens: 40 strategy: STRATEGY_RING $S"
+seed plan_spec_fuzzer slices_hsap 000 hsap.v1.PlanSpec "slices { q_begin: 0 q_end: 64 k_begin: 0 k_end: 64 type: MASK_TYPE_CAUSAL } slices { q_begin: 64 q_end: 96 k_begin: 0 k_end: 96 } total_tokens: 96 strategy: STRATEGY_HSAP assignment: ASSIGNMENT_ZIGZAG profile: \"cpu-loopback\" $S"
+seed plan_spec_fuzzer huge_document 000 hsap.v1.PlanSpec "cu_seqlens: [0, 1099511627776] causal: false window: -1 total_tokens: 1099511627776 $S"
+
+seed peer_protocol_fuzzer join 000 hsap.v1.JoinRequest 'node_rank: 1 devices_per_node: 1 incarnation: 7'
+seed peer_protocol_fuzzer heartbeat 001 hsap.v1.HeartbeatRequest 'node_rank: 1 incarnation: 7'
+seed peer_protocol_fuzzer agree 002 hsap.v1.AgreePlanRequest 'node_rank: 1 group: "g" call_seq: 1 plan_key: "k"'
+seed peer_protocol_fuzzer abort 003 hsap.v1.AbortCallRequest 'node_rank: 1 group: "g" call_seq: 1'
+S1='topology { num_nodes: 2 devices_per_node: 2 } shape { num_heads_q: 1 num_heads_kv: 1 head_dim: 64 dtype: DTYPE_BFLOAT16 }'
+seed plan_spec_fuzzer document_2to31 000 hsap.v1.PlanSpec "cu_seqlens: [0, 1, 2147483648] causal: false window: -1 total_tokens: 2147483648 $S1"
+seed plan_spec_fuzzer window_2to31 000 hsap.v1.PlanSpec "cu_seqlens: [0, 2147483647, 2147483648] causal: true window: 2147483648 total_tokens: 2147483648 strategy: STRATEGY_AUTO $S1"
