@@ -154,11 +154,12 @@ absl::StatusOr<GroupResult> RunGroup(const GlobalProblem& p, const GroupSpec& sp
   }
   if (!first_error.ok()) return first_error;
   GroupResult out;
-  out.o.resize(p.o.size());
-  out.lse.resize(p.lse.size());
-  out.dq.resize(p.dq.size());
-  out.dk.resize(p.dk.size());
-  out.dv.resize(p.dv.size());
+  // Sized from the shapes: the problem may carry no reference.
+  out.o.resize(total * hq * d);
+  out.lse.resize(hq * total);
+  out.dq.resize(total * hq * d);
+  out.dk.resize(total * hkv * d);
+  out.dv.resize(total * hkv * d);
   absl::Time f0 = absl::InfiniteFuture(), f1 = absl::InfinitePast();
   absl::Time b0 = absl::InfiniteFuture(), b1 = absl::InfinitePast();
   for (const Rank& r : rs) {
@@ -190,7 +191,7 @@ absl::StatusOr<GroupResult> RunGroup(const GlobalProblem& p, const GroupSpec& sp
       for (int64_t h = 0; h < hq; ++h) out.lse[h * total + g] = buf.lse()[h * n + i];
     }
   }
-  out.max_error = std::max({RelError(out.o, p.o), RelError(out.lse, p.lse), RelError(out.dq, p.dq),
+  out.max_error = p.o.empty() ? INFINITY : std::max({RelError(out.o, p.o), RelError(out.lse, p.lse), RelError(out.dq, p.dq),
                             RelError(out.dk, p.dk), RelError(out.dv, p.dv)});
   return out;
 }
