@@ -61,6 +61,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     d->exposer_->RegisterCollectable(&d->state_->metrics_registry);
   }
   d->state_->limits.max_group_size = num_nodes * options.cpu_devices;
+  d->state_->tcp_token = options.tcp_token;
+  if (options.tcp_port > 0 && options.tcp_token.empty()) {
+    // Kept working for single-machine tests and trusted networks; see
+    // docs/decisions.md ("TCP token").
+    HSAP_LOG(WARNING) << "*** TCP port " << options.tcp_port << " is open WITHOUT a token: anyone "
+                      << "who can reach " << options.tcp_host << ":" << options.tcp_port
+                      << (num_nodes > 1 ? " can join this cluster, abort its calls," : "")
+                      << " and evict plans. Give --token_file (mode 0600) on every node. ***";
+  }
   if (d->cluster_node_ != nullptr) {
     DaemonState* state = d->state_.get();
     d->cluster_node_->AddNodeAbortCallback([state](int32_t node, const absl::Status& why) {
@@ -80,7 +89,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->attention_ = std::make_unique<AttentionService>(d->state_.get());
   d->regions_ = std::make_unique<RegionsService>(d->state_.get());
   d->cluster_ = std::make_unique<ClusterService>(d->state_.get());
-  d->plans_ = std::make_unique<PlansService>(&d->state_->plans);
+  d->plans_ = std::make_unique<PlansService>(&d->state_->plans, options.tcp_token);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -118,6 +127,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     c.node_rank = options.node_rank;
     c.devices_per_node = options.cpu_devices;
     c.version = kVersion;
+    c.token = options.tcp_token;
     c.heartbeat_period = options.heartbeat_period;
     c.suspect_after = options.peer_down_after * 0.6;
     c.down_after = options.peer_down_after;
@@ -136,8 +146,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->SetServing(true);
   HSAP_LOG(INFO) << "hsapd serving on unix:" << options.socket_path << " (sessions: "
                  << d->session_socket_path() << ")"
-                 << (options.tcp_port > 0 ? absl::StrCat(", tcp ", options.tcp_host, ":", bound_tcp)
-                                          : std::string(", tcp off"))
+                 << (options.tcp_port > 0
+                         ? absl::StrCat(", tcp ", options.tcp_host, ":", bound_tcp,
+                                        options.tcp_token.empty() ? " (no token)" : " (token)")
+                         : std::string(", tcp off"))
                  << "; devices cpu:" << options.cpu_devices << ", " << threads << " kernel threads"
                  << (d->exposer_ != nullptr ? absl::StrCat("; metrics http://", options.metrics_host,
                                                            ":", d->exposer_->port(), "/metrics")

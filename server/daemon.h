@@ -32,6 +32,11 @@ struct DaemonOptions {
   // TCP endpoint for peers and operators; port 0 = off.
   std::string tcp_host = "127.0.0.1";
   int tcp_port = 0;
+  // Shared token every TCP call must carry as `authorization: Bearer
+  // <token>` (server/grpc/tcp_auth.h); also sent on this node's Peer RPCs.
+  // Empty: TCP is open (a warning is logged when TCP is on). main.cc reads
+  // it from --token_file (common/auth_token.h: ReadTokenFile).
+  std::string tcp_token;
   // CPU device slots ("--devices=cpu:N") and kernel threads (0 = one per core).
   int cpu_devices = 1;
   int cpu_threads = 0;

@@ -43,6 +43,9 @@ struct DaemonState {
   CallGate gate;
   kernels::cpu::ThreadPool pool;
   ValidationLimits limits;
+  // The token TCP calls must carry (--token_file); empty: TCP is open.
+  // Set before the gRPC server starts, read-only afterwards.
+  std::string tcp_token;
 
   // Refreshes the gauges that mirror other parts' state (regions, sessions,
   // plan cache); called after each call and region change.

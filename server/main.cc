@@ -13,14 +13,20 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/auth_token.h"
 #include "common/logging.h"
 #include "common/version.h"
 #include "server/daemon.h"
+#include "server/systemd_notify.h"
 
 ABSL_FLAG(std::string, socket, "/run/hsap/hsapd.sock",
           "gRPC Unix socket for local trainers (mode 0600); sessions use <socket>.session");
 ABSL_FLAG(int, port, 0, "TCP port for peers and operators; 0 = off");
 ABSL_FLAG(std::string, host, "127.0.0.1", "TCP address to listen on when --port is set");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the shared token that every TCP call (peers, operators) must carry as "
+          "'authorization: Bearer <token>'; the file must not be accessible to group or others "
+          "(mode 0600/0400). Empty: TCP calls are not authenticated (a warning is logged)");
 ABSL_FLAG(int, metrics_port, 0, "HTTP port serving Prometheus /metrics; 0 = off");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address of the /metrics endpoint");
 ABSL_FLAG(std::string, devices, "cpu:1", "device slots of this node: cpu:N");
@@ -73,6 +79,14 @@ int main(int argc, char** argv) {
   options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);
   options.heartbeat_period = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.peer_down_after = absl::Milliseconds(absl::GetFlag(FLAGS_peer_down_ms));
+  if (const std::string token_file = absl::GetFlag(FLAGS_token_file); !token_file.empty()) {
+    auto token = hsap::ReadTokenFile(token_file);
+    if (!token.ok()) {
+      HSAP_LOG(ERROR) << "hsapd refuses to start: --token_file: " << token.status();
+      return 1;
+    }
+    options.tcp_token = std::move(token).value();
+  }
   if (!ParseDevices(absl::GetFlag(FLAGS_devices), &options.cpu_devices)) {
     HSAP_LOG(ERROR) << "--devices=" << absl::GetFlag(FLAGS_devices)
                     << " is not of the form cpu:N (GPU slots need a CUDA build)";
@@ -88,9 +102,17 @@ int main(int argc, char** argv) {
     HSAP_LOG(ERROR) << "hsapd failed to start: " << daemon.status();
     return 1;
   }
+  // Under systemd (Type=notify): ready now, and a watchdog while we live.
+  if (absl::Status st = hsap::SystemdNotify("READY=1\nSTATUS=serving"); !st.ok()) {
+    HSAP_LOG(WARNING) << st;
+  }
   int sig = 0;
-  sigwait(&signals, &sig);
-  HSAP_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  (*daemon)->Drain(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
+  {
+    hsap::SystemdWatchdog watchdog(options.socket_path);
+    sigwait(&signals, &sig);
+    HSAP_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    (void)hsap::SystemdNotify("STOPPING=1\nSTATUS=draining");
+    (*daemon)->Drain(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
+  }
   return 0;
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/auth_token.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/cluster/peer_service.h"
@@ -51,14 +52,14 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-std::shared_ptr<grpc::Channel> PeerChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> PeerChannel(const std::string& address, const std::string& token) {
   grpc::ChannelArguments args;
   // A peer that comes back must be reachable again within a heartbeat or
   // two, not after gRPC's default reconnect backoff (up to 120 s).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return CreateChannelWithToken(address, token, args);
 }
 
 }  // namespace
@@ -107,7 +108,7 @@ absl::Status Cluster::Start(const ClusterOptions& options, transport::UcxWorker*
         peer->connected_incarnation = incarnation_;
         peer->ucx_address = worker != nullptr ? worker->Address() : "";
       } else {
-        peer->stub = v1::Peer::NewStub(PeerChannel(peer->address));
+        peer->stub = v1::Peer::NewStub(PeerChannel(peer->address, options.token));
       }
       peers_.push_back(std::move(peer));
     }
@@ -361,6 +362,18 @@ void Cluster::HeartbeatLoop() {
     });
   }
   for (auto& t : threads) t.join();
+}
+
+grpc::Status Cluster::CheckPeerToken(const grpc::ServerContext& context) const {
+  std::string token;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!started_) return grpc::Status::OK;
+    token = options_.token;
+  }
+  if (token.empty()) return grpc::Status::OK;
+  const absl::Status st = CheckBearerToken(context, token);
+  return st.ok() ? grpc::Status::OK : ToGrpc(st);
 }
 
 grpc::Status Cluster::OnJoin(const v1::JoinRequest& request, v1::JoinResponse* response) {

@@ -64,6 +64,10 @@ struct ClusterOptions {
   absl::Duration join_timeout = absl::Seconds(30);
   // Deadline of one Join / Heartbeat / AgreePlan / AbortCall RPC.
   absl::Duration rpc_timeout = absl::Milliseconds(500);
+  // Shared token of the cluster's TCP endpoints (hsapd --token_file): sent
+  // as `authorization: Bearer <token>` on every Peer RPC, and required on
+  // every Peer RPC received (UNAUTHENTICATED otherwise). Empty: none.
+  std::string token;
 };
 
 enum class NodeState { kJoining, kUp, kSuspect, kDown };
@@ -133,6 +137,9 @@ class Cluster {
   friend class PeerServiceImpl;
   struct Peer;
 
+  // OK when `context` carries options.token (or there is none, or Start
+  // has not run: the handlers then answer UNAVAILABLE).
+  grpc::Status CheckPeerToken(const grpc::ServerContext& context) const;
   // RPC handlers (PeerServiceImpl forwards here).
   grpc::Status OnJoin(const v1::JoinRequest& request, v1::JoinResponse* response);
   grpc::Status OnHeartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);

@@ -4,23 +4,27 @@
 
 namespace hsap::cluster {
 
-grpc::Status PeerServiceImpl::Join(grpc::ServerContext*, const v1::JoinRequest* request,
+grpc::Status PeerServiceImpl::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
                                    v1::JoinResponse* response) {
+  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
   return cluster_->OnJoin(*request, response);
 }
 
-grpc::Status PeerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+grpc::Status PeerServiceImpl::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                                         v1::HeartbeatResponse* response) {
+  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
   return cluster_->OnHeartbeat(*request, response);
 }
 
-grpc::Status PeerServiceImpl::AgreePlan(grpc::ServerContext*, const v1::AgreePlanRequest* request,
+grpc::Status PeerServiceImpl::AgreePlan(grpc::ServerContext* context, const v1::AgreePlanRequest* request,
                                         v1::AgreePlanResponse* response) {
+  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
   return cluster_->OnAgreePlan(*request, response);
 }
 
-grpc::Status PeerServiceImpl::AbortCall(grpc::ServerContext*, const v1::AbortCallRequest* request,
+grpc::Status PeerServiceImpl::AbortCall(grpc::ServerContext* context, const v1::AbortCallRequest* request,
                                         v1::AbortCallResponse*) {
+  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
   return cluster_->OnAbortCall(*request);
 }
 

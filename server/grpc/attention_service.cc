@@ -6,6 +6,7 @@
 #include "server/grpc/services.h"
 #include "server/grpc/session_auth.h"
 #include "server/grpc/status_util.h"
+#include "server/grpc/tcp_auth.h"
 #include "server/plan/plan_spec.h"
 
 namespace hsap {
@@ -84,6 +85,9 @@ grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, con
 grpc::Status AttentionService::Forward(grpc::ServerContext* context,
                                        const hsap::v1::AttentionForwardRequest* request,
                                        hsap::v1::AttentionForwardResponse* response) {
+  if (auto caller = AuthorizeCall(*context, state_->tcp_token); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   return RunAndRecord(state_, *context, *request, ValidateForward, metrics::CallOp::kForward,
                       response->mutable_stats());
 }
@@ -91,6 +95,9 @@ grpc::Status AttentionService::Forward(grpc::ServerContext* context,
 grpc::Status AttentionService::Backward(grpc::ServerContext* context,
                                         const hsap::v1::AttentionBackwardRequest* request,
                                         hsap::v1::AttentionBackwardResponse* response) {
+  if (auto caller = AuthorizeCall(*context, state_->tcp_token); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   return RunAndRecord(state_, *context, *request, ValidateBackward, metrics::CallOp::kBackward,
                       response->mutable_stats());
 }

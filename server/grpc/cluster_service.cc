@@ -2,6 +2,8 @@
 // the membership layer (server/cluster) sees it.
 #include "common/version.h"
 #include "server/grpc/services.h"
+#include "server/grpc/status_util.h"
+#include "server/grpc/tcp_auth.h"
 
 namespace hsap {
 namespace {
@@ -18,9 +20,12 @@ hsap::v1::NodeState ToProto(cluster::NodeState s) {
 
 }  // namespace
 
-grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext*,
+grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext* context,
                                               const hsap::v1::GetClusterStatusRequest*,
                                               hsap::v1::GetClusterStatusResponse* response) {
+  if (auto caller = AuthorizeCall(*context, state_->tcp_token); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   const bool draining = state_->gate.closed();
   cluster::Cluster* c = state_->runner.cluster;
   const int32_t self = c != nullptr ? c->node_rank() : 0;

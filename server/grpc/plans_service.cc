@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/grpc/status_util.h"
+#include "server/grpc/tcp_auth.h"
 #include "server/plan/compiler.h"
 #include "server/plan/plan_proto.h"
 
@@ -40,8 +41,11 @@ absl::StatusOr<plan::PlanKey> ParseKey(const std::string& hex) {
 
 }  // namespace
 
-grpc::Status PlansService::Dispatch(grpc::ServerContext*, const hsap::v1::DispatchRequest* request,
+grpc::Status PlansService::Dispatch(grpc::ServerContext* context, const hsap::v1::DispatchRequest* request,
                                     hsap::v1::DispatchResponse* response) {
+  if (auto caller = AuthorizeCall(*context, tcp_token_); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   auto spec = plan::PlanSpecFromProto(request->spec());
   if (!spec.ok()) return ToGrpcStatus(spec.status());
   auto p = cache_->GetOrCompile(*spec);
@@ -52,9 +56,12 @@ grpc::Status PlansService::Dispatch(grpc::ServerContext*, const hsap::v1::Dispat
   return grpc::Status::OK;
 }
 
-grpc::Status PlansService::CompilePlan(grpc::ServerContext*,
+grpc::Status PlansService::CompilePlan(grpc::ServerContext* context,
                                        const hsap::v1::CompilePlanRequest* request,
                                        hsap::v1::CompilePlanResponse* response) {
+  if (auto caller = AuthorizeCall(*context, tcp_token_); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   auto spec = plan::PlanSpecFromProto(request->spec());
   if (!spec.ok()) return ToGrpcStatus(spec.status());
   std::shared_ptr<const plan::Plan> p;
@@ -75,8 +82,11 @@ grpc::Status PlansService::CompilePlan(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status PlansService::ListPlans(grpc::ServerContext*, const hsap::v1::ListPlansRequest* request,
+grpc::Status PlansService::ListPlans(grpc::ServerContext* context, const hsap::v1::ListPlansRequest* request,
                                      hsap::v1::ListPlansResponse* response) {
+  if (auto caller = AuthorizeCall(*context, tcp_token_); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   if (request->limit() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("limit is ", request->limit(), "; it must be >= 0 (0 = all)")));
@@ -88,8 +98,11 @@ grpc::Status PlansService::ListPlans(grpc::ServerContext*, const hsap::v1::ListP
   return grpc::Status::OK;
 }
 
-grpc::Status PlansService::ShowPlan(grpc::ServerContext*, const hsap::v1::ShowPlanRequest* request,
+grpc::Status PlansService::ShowPlan(grpc::ServerContext* context, const hsap::v1::ShowPlanRequest* request,
                                     hsap::v1::ShowPlanResponse* response) {
+  if (auto caller = AuthorizeCall(*context, tcp_token_); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   auto key = ParseKey(request->plan_key());
   if (!key.ok()) return ToGrpcStatus(key.status());
   auto p = cache_->Show(*key);
@@ -101,9 +114,12 @@ grpc::Status PlansService::ShowPlan(grpc::ServerContext*, const hsap::v1::ShowPl
   return grpc::Status::OK;
 }
 
-grpc::Status PlansService::GetPlanCacheStats(grpc::ServerContext*,
+grpc::Status PlansService::GetPlanCacheStats(grpc::ServerContext* context,
                                              const hsap::v1::GetPlanCacheStatsRequest*,
                                              hsap::v1::GetPlanCacheStatsResponse* response) {
+  if (auto caller = AuthorizeCall(*context, tcp_token_); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   const plan::PlanCacheStats s = cache_->Stats();
   auto* out = response->mutable_stats();
   out->set_hits(s.hits);
@@ -117,8 +133,11 @@ grpc::Status PlansService::GetPlanCacheStats(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status PlansService::EvictPlans(grpc::ServerContext*, const hsap::v1::EvictPlansRequest* request,
+grpc::Status PlansService::EvictPlans(grpc::ServerContext* context, const hsap::v1::EvictPlansRequest* request,
                                       hsap::v1::EvictPlansResponse* response) {
+  if (auto caller = AuthorizeCall(*context, tcp_token_); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   if (request->all()) {
     if (request->plan_keys_size() > 0) {
       return ToGrpcStatus(absl::InvalidArgumentError("give plan_keys or all = true, not both"));

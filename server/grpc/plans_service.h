@@ -4,6 +4,8 @@
 #ifndef HSAP_SERVER_GRPC_PLANS_SERVICE_H_
 #define HSAP_SERVER_GRPC_PLANS_SERVICE_H_
 
+#include <string>
+
 #include "hsap/v1/plans.grpc.pb.h"
 #include "server/plan/plan_cache.h"
 
@@ -11,7 +13,9 @@ namespace hsap {
 
 class PlansService final : public hsap::v1::Plans::Service {
  public:
-  explicit PlansService(plan::PlanCache* cache) : cache_(cache) {}
+  // `tcp_token`: what TCP calls must carry (tcp_auth.h); empty: TCP is open.
+  explicit PlansService(plan::PlanCache* cache, std::string tcp_token = {})
+      : cache_(cache), tcp_token_(std::move(tcp_token)) {}
 
   grpc::Status Dispatch(grpc::ServerContext* context, const hsap::v1::DispatchRequest* request,
                         hsap::v1::DispatchResponse* response) override;
@@ -30,6 +34,7 @@ class PlansService final : public hsap::v1::Plans::Service {
 
  private:
   plan::PlanCache* const cache_;
+  const std::string tcp_token_;
 };
 
 }  // namespace hsap

@@ -5,6 +5,7 @@
 #include "server/grpc/services.h"
 #include "server/grpc/session_auth.h"
 #include "server/grpc/status_util.h"
+#include "server/grpc/tcp_auth.h"
 #include "server/shm/region.h"
 
 namespace hsap {
@@ -46,6 +47,8 @@ absl::StatusOr<std::unique_ptr<shm::MappedRegion>> MapSource(
 grpc::Status RegionsService::RegisterRegion(grpc::ServerContext* context,
                                             const hsap::v1::RegisterRegionRequest* request,
                                             hsap::v1::RegisterRegionResponse* response) {
+  absl::StatusOr<Caller> caller = AuthorizeCall(*context, state_->tcp_token);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::StatusOr<uint64_t> session = SessionOf(*context, state_->sessions);
   if (!session.ok()) return ToGrpcStatus(session.status());
   if (request->name().size() > 128) {
@@ -67,6 +70,8 @@ grpc::Status RegionsService::RegisterRegion(grpc::ServerContext* context,
 grpc::Status RegionsService::UnregisterRegion(grpc::ServerContext* context,
                                               const hsap::v1::UnregisterRegionRequest* request,
                                               hsap::v1::UnregisterRegionResponse*) {
+  absl::StatusOr<Caller> caller = AuthorizeCall(*context, state_->tcp_token);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::StatusOr<uint64_t> session = SessionOf(*context, state_->sessions);
   if (!session.ok()) return ToGrpcStatus(session.status());
   const absl::Status st = state_->regions.Unregister(*session, request->region_id());
@@ -77,6 +82,8 @@ grpc::Status RegionsService::UnregisterRegion(grpc::ServerContext* context,
 grpc::Status RegionsService::GetRegion(grpc::ServerContext* context,
                                        const hsap::v1::GetRegionRequest* request,
                                        hsap::v1::GetRegionResponse* response) {
+  absl::StatusOr<Caller> caller = AuthorizeCall(*context, state_->tcp_token);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::StatusOr<uint64_t> session = SessionOf(*context, state_->sessions);
   if (!session.ok()) return ToGrpcStatus(session.status());
   auto r = state_->regions.Get(*session, request->region_id());
@@ -88,13 +95,23 @@ grpc::Status RegionsService::GetRegion(grpc::ServerContext* context,
 grpc::Status RegionsService::ListRegions(grpc::ServerContext* context,
                                          const hsap::v1::ListRegionsRequest*,
                                          hsap::v1::ListRegionsResponse* response) {
+  absl::StatusOr<Caller> caller = AuthorizeCall(*context, state_->tcp_token);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  response->set_sessions(state_->sessions.num_sessions());
+  if (*caller == Caller::kTcpAuthorized) {
+    // An operator (TCP with the token) sees every session's regions.
+    for (const auto& r : state_->regions.List()) {
+      *response->add_regions() = ToProto(r);
+      response->set_total_bytes(response->total_bytes() + r.size_bytes);
+    }
+    return grpc::Status::OK;
+  }
   absl::StatusOr<uint64_t> session = SessionOf(*context, state_->sessions);
   if (!session.ok()) return ToGrpcStatus(session.status());
   for (const auto& r : state_->regions.List(*session)) {
     *response->add_regions() = ToProto(r);
     response->set_total_bytes(response->total_bytes() + r.size_bytes);
   }
-  response->set_sessions(state_->sessions.num_sessions());
   return grpc::Status::OK;
 }
 

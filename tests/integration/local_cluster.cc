@@ -27,9 +27,17 @@ int FreePort() {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(int nodes, int devices,
                                                                   std::vector<std::string> flags) {
+  return Start(nodes, devices, std::move(flags), {});
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    int nodes, int devices, std::vector<std::string> flags,
+    std::vector<std::vector<std::string>> node_flags) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->devices_ = devices;
   c->flags_ = std::move(flags);
+  c->node_flags_ = std::move(node_flags);
+  c->node_flags_.resize(nodes);
   for (int i = 0; i < nodes; ++i) c->ports_.push_back(FreePort());
   c->procs_.resize(nodes);
   for (int i = 0; i < nodes; ++i) {
@@ -44,6 +52,9 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> LocalCluster::StartNode(int i) {
   std::vector<std::string> peers;
   for (int port : ports_) peers.push_back(absl::StrCat("127.0.0.1:", port));
   std::vector<std::string> flags = flags_;
+  if (i < static_cast<int>(node_flags_.size())) {
+    flags.insert(flags.end(), node_flags_[i].begin(), node_flags_[i].end());
+  }
   flags.push_back(absl::StrCat("--devices=cpu:", devices_));
   flags.push_back(absl::StrCat("--port=", ports_[i]));
   flags.push_back(absl::StrCat("--peers=", absl::StrJoin(peers, ",")));
@@ -80,6 +91,11 @@ absl::Status LocalCluster::WaitFormed(absl::Duration timeout) {
 void LocalCluster::Kill(int i) {
   procs_[i]->Signal(SIGKILL);
   procs_[i]->Wait(10);
+}
+
+void LocalCluster::SetNodeFlags(int i, std::vector<std::string> flags) {
+  if (static_cast<int>(node_flags_.size()) <= i) node_flags_.resize(i + 1);
+  node_flags_[i] = std::move(flags);
 }
 
 absl::Status LocalCluster::Restart(int i) {

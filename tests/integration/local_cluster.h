@@ -22,6 +22,11 @@ class LocalCluster {
   // Starts `nodes` daemons with --devices=cpu:<devices> plus `flags`.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(int nodes, int devices,
                                                              std::vector<std::string> flags);
+  // The same, plus `node_flags[i]` for node i only (e.g. its own
+  // --token_file); node_flags may be shorter than `nodes`.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(
+      int nodes, int devices, std::vector<std::string> flags,
+      std::vector<std::vector<std::string>> node_flags);
   // OK once every daemon reports the cluster formed.
   absl::Status WaitFormed(absl::Duration timeout);
 
@@ -32,12 +37,15 @@ class LocalCluster {
   void Kill(int i);
   // Starts node i again (same port and flags, new socket).
   absl::Status Restart(int i);
+  // Replaces node i's own flags for its next Restart.
+  void SetNodeFlags(int i, std::vector<std::string> flags);
 
  private:
   absl::StatusOr<std::unique_ptr<DaemonProcess>> StartNode(int i);
 
   int devices_ = 1;
   std::vector<std::string> flags_;
+  std::vector<std::vector<std::string>> node_flags_;  // per node, after flags_
   std::vector<int> ports_;
   std::vector<std::unique_ptr<DaemonProcess>> procs_;
 };
