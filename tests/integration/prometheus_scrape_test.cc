@@ -152,6 +152,17 @@ TEST(PrometheusScrapeTest, PrometheusReadsBackTheHsapMetrics) {
         (*buffers)->ForwardRequest(id, client::DocumentMask({0, 30, 63}, true), call_options));
     ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   }
+  // A live scrape of the daemon passes promtool's own checks.
+  absl::StatusOr<testing::HttpResponse> live =
+      testing::HttpRequest(*metrics_port, "GET", "/metrics", absl::Seconds(5));
+  ASSERT_TRUE(live.ok()) << live.status();
+  ASSERT_EQ(live->status_code, 200);
+  EXPECT_NE(live->body.find("hsap_calls_total{op=\"forward\",status=\"OK\",strategy=\"sap\"} 3"),
+            std::string::npos)
+      << live->body;
+  absl::StatusOr<testing::PromtoolResult> lint = testing::RunPromtoolCheckMetrics(live->body);
+  ASSERT_TRUE(lint.ok()) << lint.status();
+  EXPECT_EQ(lint->exit_code, 0) << lint->output;
   struct {
     int port() const { return p; }
     int p;
