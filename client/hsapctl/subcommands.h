@@ -22,6 +22,15 @@ struct Subcommand {
 // `hsapctl plan`: compiles a plan offline (plan_command.cc).
 int RunPlanCommand(const std::vector<std::string>& args);
 
+// Ask a running hsapd (daemon_commands.cc; connection.h: --socket, or
+// --target with --token_file; --format=table|json):
+// `hsapctl plans list|show <key>|stats|evict <key>...|evict --all`.
+int RunPlansCommand(const std::vector<std::string>& args);
+// `hsapctl cluster`: every node's state, heartbeat age and devices.
+int RunClusterCommand(const std::vector<std::string>& args);
+// `hsapctl regions`: registered regions (all sessions' over --target).
+int RunRegionsCommand(const std::vector<std::string>& args);
+
 }  // namespace hsap::hsapctl
 
 #endif  // HSAP_CLIENT_HSAPCTL_SUBCOMMANDS_H_
