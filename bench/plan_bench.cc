@@ -4,8 +4,9 @@
 // cross a cut continue in the next pack; the incomplete tail is dropped).
 // For every (T, P, strategy, assignment) it compiles every pack and prints
 // the busiest rank's forward receive bytes (summed over packs), total
-// forward bytes, worst imbalance, modeled time, compile time and cache-hit
-// time, then checks the targets of the planner issue.
+// forward bytes, worst imbalance, modeled time, compile time (per pack the
+// median of --repeats compiles; mean and max over packs) and cache-hit time
+// (median of batches), then checks the targets of the planner issue.
 //
 //   bazel run //bench:plan_bench -- --workload=../shared/workloads/python-stdlib.tokens
 #include <algorithm>
@@ -40,6 +41,9 @@ ABSL_FLAG(int32_t, head_dim, 128, "head dimension");
 ABSL_FLAG(std::string, profile, "h100", "cost model profile");
 ABSL_FLAG(uint64_t, seed, 1, "shuffle seed");
 ABSL_FLAG(int32_t, max_packs, 0, "compile at most this many packs per T (0: all)");
+ABSL_FLAG(int32_t, repeats, 3,
+          "compiles per pack; the pack's compile time is their median (the machine is shared: "
+          "one compile can be descheduled mid-way)");
 
 namespace hsap::plan {
 namespace {
@@ -159,15 +163,23 @@ int main(int argc, char** argv) {
             return 1;
           }
           Row row;
+          const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
           for (const std::vector<int64_t>& cu : packs) {
             spec.cu_seqlens = cu;
-            const auto t0 = Clock::now();
-            absl::StatusOr<Plan> plan = CompilePlan(spec);
-            const double compile_us = Micros(Clock::now() - t0);
-            if (!plan.ok()) {
-              std::fprintf(stderr, "plan_bench: %s\n", plan.status().ToString().c_str());
-              return 1;
+            absl::StatusOr<Plan> plan;
+            std::vector<double> times;
+            for (int rep = 0; rep < repeats; ++rep) {
+              plan = absl::StatusOr<Plan>();  // free the previous plan outside the timing
+              const auto t0 = Clock::now();
+              plan = CompilePlan(spec);
+              times.push_back(Micros(Clock::now() - t0));
+              if (!plan.ok()) {
+                std::fprintf(stderr, "plan_bench: %s\n", plan.status().ToString().c_str());
+                return 1;
+              }
             }
+            std::sort(times.begin(), times.end());
+            const double compile_us = times[times.size() / 2];
             row.busiest_sum += plan->stats.max_fwd_recv_bytes;
             row.total_bytes += plan->stats.total_fwd_bytes;
             row.worst_imbalance = std::max(row.worst_imbalance, plan->stats.imbalance);
@@ -181,16 +193,23 @@ int main(int argc, char** argv) {
             }
             ++row.packs;
           }
-          // Cache-hit time: the last pack, looked up again and again.
+          // Cache-hit time: the last pack, looked up again and again; the
+          // median over 20 batches of 100 hits (a batch lasts ~0.1 ms, so a
+          // descheduled batch does not set the figure).
           {
             PlanCache cache({.max_bytes = int64_t{8} << 30});
             if (!cache.GetOrCompile(spec).ok()) return 1;
-            constexpr int kHits = 2000;
-            const auto t0 = Clock::now();
-            for (int i = 0; i < kHits; ++i) {
-              if (!cache.GetOrCompile(spec).ok()) return 1;
+            constexpr int kBatches = 20, kHits = 100;
+            std::vector<double> batch_us;
+            for (int b = 0; b < kBatches; ++b) {
+              const auto t0 = Clock::now();
+              for (int i = 0; i < kHits; ++i) {
+                if (!cache.GetOrCompile(spec).ok()) return 1;
+              }
+              batch_us.push_back(Micros(Clock::now() - t0) / kHits);
             }
-            row.hit_us = Micros(Clock::now() - t0) / kHits;
+            std::sort(batch_us.begin(), batch_us.end());
+            row.hit_us = batch_us[kBatches / 2];
           }
           std::printf("%8lld %4lld %-9s %-10s %5d %14.1f %14.3f %9.4f %12.3f %10.3f %10.3f %8.2f %3s\n",
                       static_cast<long long>(T), static_cast<long long>(P), s.c_str(), a.c_str(),

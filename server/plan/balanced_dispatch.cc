@@ -120,31 +120,37 @@ class RankTree {
     for (i /= 2; i >= 1; i /= 2) Pull(i);
   }
   // Calls f(rank) for ranks with room >= min_room in (key, rank) order until
-  // f returns true or `limit` ranks were visited.
+  // f returns true or `limit` ranks were visited. Each rank is found by a
+  // depth-first search for the least (key, rank) above the previous one,
+  // pruning subtrees without enough room or with a minimum no better than
+  // the best so far (no heap: limit is 1 or 2 here).
   template <typename F>
   void Visit(int limit, int64_t min_room, F&& f) {
-    frontier_.clear();
-    if (min_[1] != kNone && room_[1] >= min_room) frontier_.push_back({min_[1], 1});
-    while (!frontier_.empty() && limit > 0) {
-      std::pop_heap(frontier_.begin(), frontier_.end(), std::greater<>());
-      const size_t i = frontier_.back().second;
-      frontier_.pop_back();
-      if (i >= n_) {
-        --limit;
-        if (f(min_[i].second)) return;
-        continue;
-      }
-      for (size_t c : {2 * i, 2 * i + 1}) {
-        if (min_[c] != kNone && room_[c] >= min_room) {
-          frontier_.push_back({min_[c], c});
-          std::push_heap(frontier_.begin(), frontier_.end(), std::greater<>());
-        }
-      }
+    Key after = {INT64_MIN, INT32_MIN};
+    for (int k = 0; k < limit; ++k) {
+      Key best = kNone;
+      Search(1, min_room, after, &best);
+      if (best == kNone) return;
+      if (f(best.second)) return;
+      after = best;
     }
   }
 
  private:
-  static constexpr std::pair<int64_t, int32_t> kNone = {INT64_MAX, INT32_MAX};
+  using Key = std::pair<int64_t, int32_t>;
+  static constexpr Key kNone = {INT64_MAX, INT32_MAX};
+  // Least leaf key > after with room >= min_room under node i, if < *best.
+  void Search(size_t i, int64_t min_room, const Key& after, Key* best) const {
+    if (room_[i] < min_room || !(min_[i] < *best)) return;
+    if (i >= n_) {
+      if (after < min_[i]) *best = min_[i];
+      return;
+    }
+    size_t a = 2 * i, b = 2 * i + 1;
+    if (min_[b] < min_[a]) std::swap(a, b);
+    Search(a, min_room, after, best);
+    Search(b, min_room, after, best);
+  }
   size_t SetLeaf(size_t r) {
     const size_t i = n_ + r;
     const int64_t room = (*cap_)[r];
@@ -159,9 +165,8 @@ class RankTree {
   const std::vector<int64_t>* keys_;
   const std::vector<int64_t>* cap_;
   size_t n_ = 1;
-  std::vector<std::pair<int64_t, int32_t>> min_;
+  std::vector<Key> min_;
   std::vector<int64_t> room_;
-  std::vector<std::pair<std::pair<int64_t, int32_t>, size_t>> frontier_;
 };
 
 // Places `items` in order (see the header). Every rank ends with exactly its

@@ -1,6 +1,7 @@
 #include "server/plan/compiler.h"
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -100,39 +101,71 @@ Stage HeadStage(Payload payload, bool to_home, int32_t d, int32_t g0, int32_t U,
 }
 
 // Scales an inner-level stage (rows, virtual peers) to rank bytes and peers.
-Stage InstantiateInner(const Stage& in, int32_t d, int32_t U, int32_t u, int64_t kappa,
-                       const HeadSlot& slot, const Topology& topo, bool backward) {
+// `last_use`: no later rank reads `in` (its vectors are moved, not copied).
+Stage InstantiateInner(Stage& in, int32_t d, int32_t U, int32_t u, int64_t kappa,
+                       const HeadSlot& slot, const Topology& topo, bool backward,
+                       bool last_use) {
   Stage st;
-  auto scale = [&](const Transfer& t, bool is_recv) {
-    Transfer o = t;
+  auto scale = [&](Transfer& t, bool is_recv, std::vector<Transfer>* out) {
+    out->emplace_back();
+    Transfer& o = out->back();
     o.peer = t.peer * U + u;
+    o.payload = t.payload;
     o.tier = TierOf(topo, d, o.peer);
+    o.space = t.space;
     SetHeads(slot, &o);
+    if (last_use) {
+      o.segments = std::move(t.segments);
+    } else {
+      o.segments = t.segments;
+    }
     o.bytes = t.bytes * kappa;
     o.buffer_offset = is_recv ? t.buffer_offset * kappa : 0;
-    return o;
   };
-  for (const Transfer& t : in.sends) st.sends.push_back(scale(t, false));
-  for (const Transfer& t : in.recvs) st.recvs.push_back(scale(t, true));
-  st.overlap_items = in.overlap_items;
-  st.items = in.items;
+  st.sends.reserve(in.sends.size());
+  st.recvs.reserve(in.recvs.size());
   if (backward) {
-    for (const Transfer& t : st.recvs) {
-      Transfer r = t;
+    // The returns mirror the transfers: build them before the segments move.
+    st.return_sends.reserve(in.recvs.size());
+    st.return_recvs.reserve(in.sends.size());
+  }
+  if (backward) {
+    // Copies first (the scale below may move the segments).
+    for (const Transfer& t : in.recvs) {
+      st.return_sends.emplace_back();
+      Transfer& r = st.return_sends.back();
+      r.peer = t.peer * U + u;
       r.payload = Payload::kGradKv;
+      r.tier = TierOf(topo, d, r.peer);
       r.space = RowSpace::kRecv;
+      SetHeads(slot, &r);
+      r.segments = t.segments;
+      r.bytes = t.bytes * kappa;
       r.buffer_offset = 0;
-      st.return_sends.push_back(std::move(r));
     }
     int64_t offset = 0;
-    for (const Transfer& t : st.sends) {
-      Transfer r = t;
+    for (const Transfer& t : in.sends) {
+      st.return_recvs.emplace_back();
+      Transfer& r = st.return_recvs.back();
+      r.peer = t.peer * U + u;
       r.payload = Payload::kGradKv;
+      r.tier = TierOf(topo, d, r.peer);
       r.space = RowSpace::kHome;
+      SetHeads(slot, &r);
+      r.segments = t.segments;
+      r.bytes = t.bytes * kappa;
       r.buffer_offset = offset;
       offset += r.bytes;
-      st.return_recvs.push_back(std::move(r));
     }
+  }
+  for (Transfer& t : in.sends) scale(t, false, &st.sends);
+  for (Transfer& t : in.recvs) scale(t, true, &st.recvs);
+  if (last_use) {
+    st.overlap_items = std::move(in.overlap_items);
+    st.items = std::move(in.items);
+  } else {
+    st.overlap_items = in.overlap_items;
+    st.items = in.items;
   }
   return st;
 }
@@ -223,10 +256,32 @@ Plan BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
   InnerKind kind = InnerKind::kExactNeed;
   if (strategy == Strategy::kRing || strategy == Strategy::kUsp) kind = InnerKind::kRing;
   if (strategy == Strategy::kAllGather) kind = InnerKind::kAllGather;
-  const std::vector<InnerRank> inner = internal::BuildInnerLevel(index, home, owners, kind,
+  std::vector<InnerRank> inner = internal::BuildInnerLevel(index, home, owners, kind,
                                                                  budget_rows);
   const size_t inner_stages = inner[0].stages.size();
   const int64_t kappa_full = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
+  // Work-item areas of the inner stages, summed once per group (its ranks
+  // share them) for the cost model.
+  auto items_area = [](const std::vector<WorkItem>& items) {
+    int64_t area = 0;
+    for (const WorkItem& w : items) {
+      MaskSlice s;
+      s.q_end = w.num_q;
+      s.k_end = w.num_k;
+      s.type = w.type;
+      s.offset = w.offset;
+      s.window = w.window;
+      area += SliceArea(s);
+    }
+    return area;
+  };
+  std::vector<std::vector<std::array<int64_t, 2>>> inner_area(V);
+  for (int32_t v = 0; v < V; ++v) {
+    for (const Stage& st : inner[v].stages) {
+      inner_area[v].push_back({items_area(st.overlap_items), items_area(st.items)});
+    }
+  }
+  std::vector<std::vector<std::array<int64_t, 2>>> stage_area(P);
 
   Plan plan;
   plan.spec = spec;
@@ -257,8 +312,12 @@ Plan BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
         bwd.emplace_back();
         continue;
       }
-      fwd.push_back(InstantiateInner(inner[v].stages[s], d, U, u, kappa, slot, topo, false));
-      bwd.push_back(InstantiateInner(inner[v].stages[s], d, U, u, kappa, slot, topo, true));
+      // The backward copy first; the forward of the group's last slot takes
+      // the inner stage's vectors.
+      bwd.push_back(
+          InstantiateInner(inner[v].stages[s], d, U, u, kappa, slot, topo, true, false));
+      fwd.push_back(
+          InstantiateInner(inner[v].stages[s], d, U, u, kappa, slot, topo, false, u == U - 1));
     }
     if (U > 1) {
       fwd.push_back(
@@ -268,6 +327,13 @@ Plan BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
     }
     rp.forward = std::move(fwd);
     rp.backward = std::move(bwd);
+    std::vector<std::array<int64_t, 2>>& area = stage_area[d];
+    area.reserve(rp.forward.size());
+    if (U > 1) area.push_back({0, 0});
+    for (size_t s = 0; s < inner_stages; ++s) {
+      area.push_back(slot.num_q() == 0 ? std::array<int64_t, 2>{0, 0} : inner_area[v][s]);
+    }
+    if (U > 1) area.push_back({0, 0});
     RankStats& rs = rp.stats;
     rs.tokens = dispatch.TokensOf(d);
     for (const OwnerSegment& s : home[v]) rs.home_tokens += s.end - s.begin;
@@ -287,8 +353,146 @@ Plan BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
     }
   }
   FillStats(slices, &plan);
-  ModelPlanTime(profile, &plan);
+  ModelPlanTimeWithAreas(profile, stage_area, &plan);
   return plan;
+}
+
+// ---------------------------------------------------------------------------
+// Lower bounds of a strategy's modeled time without building its plan, for
+// `auto` (branch and bound). ModelPlanTime sums, per phase, the slowest
+// rank's time of each stage, so a phase takes at least any one rank's sum
+// over its stages. A forward stage takes max(xfer, overlap) + after, so the
+// sum is at least max(sum of xfer, compute); a backward stage adds its
+// returns: the sum is at least max(sum of xfer, 2.5 compute) + sum of
+// returns. A transfer term takes at least max(send, recv) bytes / bandwidth
+// in each tier, and summed over stages at least max(total send, total recv)
+// / bandwidth per tier. Hence, with a rank's totals in closed form:
+//   fwd >= max over ranks of max(compute, X_fwd)
+//   bwd >= max over ranks of max(2.5 compute, X_bwd) + X_returns
+// Compute is the mask area of the rank's home rows times its heads (work
+// items cover every allowed pair of those rows exactly once); the bytes are
+// those of the strategy's transfers: ring, allgather, usp move every other
+// group's rows, sap and hsap the exact need, head stages the all-to-all
+// volumes of HeadStage; backward returns mirror the K/V transfers.
+struct BoundInputs {
+  std::vector<int64_t> tokens;       // per rank
+  std::vector<int64_t> area;         // per rank: mask area of its own rows
+  std::vector<OwnerSegment> owners;  // BuildOwnerMap(dispatch)
+};
+
+int64_t RowsArea(const SliceIndex& index, int64_t begin, int64_t end) {
+  int64_t a = 0;
+  const auto slices = index.slices();
+  index.ForEachOverlapping(begin, end, [&](size_t i) {
+    a += SliceArea(ClipRows(slices[i], begin, end));
+  });
+  return a;
+}
+
+double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
+                           const Dispatch& dispatch, const BoundInputs& in, Strategy strategy,
+                           const HardwareProfile& profile) {
+  const Topology& topo = spec.topology;
+  const int32_t P = topo.num_ranks();
+  const int32_t U = HeadGroupSize(strategy, topo);
+  const int32_t V = P / U;
+  const int64_t D = spec.shape.head_dim;
+  const double bw[kNumTiers] = {profile.intra_bytes_per_s, profile.inter_bytes_per_s};
+  std::vector<int64_t> group_tokens(V, 0), group_area(V, 0);
+  for (int32_t r = 0; r < P; ++r) {
+    group_tokens[r / U] += in.tokens[r];
+    group_area[r / U] += in.area[r];
+  }
+  std::vector<HeadSlot> slots(U);
+  for (int32_t u = 0; u < U; ++u) slots[u] = HeadSlotOf(spec.shape, U, u);
+  // Per rank and tier: K/V bytes sent and received (forward; the backward
+  // repeats them and returns as many dK/dV), head all-to-all bytes.
+  using Tiers = std::array<int64_t, kNumTiers>;
+  std::vector<Tiers> kv_send(P, Tiers{}), kv_recv(P, Tiers{});
+  std::vector<Tiers> hf_send(P, Tiers{}), hf_recv(P, Tiers{}), hb_send(P, Tiers{}),
+      hb_recv(P, Tiers{});
+  // Group w sends `rows` of its home rows to group v, in every slot with heads.
+  auto kv = [&](int32_t w, int32_t v, int64_t rows) {
+    for (int32_t u = 0; u < U; ++u) {
+      if (slots[u].num_q() == 0) continue;
+      const int32_t from = w * U + u, to = v * U + u;
+      const int64_t bytes = rows * KvRowBytes(spec.shape, slots[u].num_kv());
+      const int t = static_cast<int>(TierOf(topo, to, from));
+      kv_send[from][t] += bytes;
+      kv_recv[to][t] += bytes;
+    }
+  };
+  if (strategy == Strategy::kSap || strategy == Strategy::kHsap) {
+    for (int32_t v = 0; v < V; ++v) {
+      std::vector<OwnerSegment> home;
+      for (int32_t m = v * U; m < (v + 1) * U; ++m) {
+        for (const TokenRange& t : dispatch.ranges[m]) home.push_back({t.begin, t.end, v, 0});
+      }
+      std::sort(home.begin(), home.end(),
+                [](const OwnerSegment& a, const OwnerSegment& b) { return a.begin < b.begin; });
+      for (const TokenRange& t : ExactNeed(ComputeDemands(index, home), home)) {
+        auto it = std::upper_bound(in.owners.begin(), in.owners.end(), t.begin,
+                                   [](int64_t x, const OwnerSegment& s) { return x < s.begin; });
+        if (it != in.owners.begin()) --it;
+        for (; it != in.owners.end() && it->begin < t.end; ++it) {
+          const int64_t a = std::max(t.begin, it->begin), b = std::min(t.end, it->end);
+          if (a < b) kv(it->rank / U, v, b - a);
+        }
+      }
+    }
+  } else if (strategy != Strategy::kUlysses) {  // ring, allgather, usp: every other group
+    for (int32_t v = 0; v < V; ++v) {
+      for (int32_t w = 0; w < V; ++w) {
+        if (w != v) kv(w, v, group_tokens[w]);
+      }
+    }
+  }
+  if (U > 1) {
+    for (int32_t d = 0; d < P; ++d) {
+      const int32_t g0 = d / U * U;
+      const HeadSlot& mine = slots[d - g0];
+      const int64_t nd = in.tokens[d];
+      for (int32_t m = g0; m < g0 + U; ++m) {
+        if (m == d) continue;
+        const HeadSlot& theirs = slots[m - g0];
+        const int t = static_cast<int>(TierOf(topo, d, m));
+        const int64_t nm = in.tokens[m];
+        if (mine.num_q() > 0) {  // scatters into my heads: their rows
+          hf_recv[d][t] += nm * HeadRowBytes(Payload::kQkvHeads, spec.shape, mine);
+          hb_recv[d][t] += nm * HeadRowBytes(Payload::kBwdHeads, spec.shape, mine);
+          // gathers of my heads: their rows back to them
+          hf_send[d][t] += nm * HeadRowBytes(Payload::kOutLseHeads, spec.shape, mine);
+          hb_send[d][t] += nm * HeadRowBytes(Payload::kGradQkvHeads, spec.shape, mine);
+        }
+        if (theirs.num_q() > 0) {  // my rows to their heads, and back
+          hf_send[d][t] += nd * HeadRowBytes(Payload::kQkvHeads, spec.shape, theirs);
+          hb_send[d][t] += nd * HeadRowBytes(Payload::kBwdHeads, spec.shape, theirs);
+          hf_recv[d][t] += nd * HeadRowBytes(Payload::kOutLseHeads, spec.shape, theirs);
+          hb_recv[d][t] += nd * HeadRowBytes(Payload::kGradQkvHeads, spec.shape, theirs);
+        }
+      }
+    }
+  }
+  double fwd = 0, bwd = 0;
+  for (int32_t d = 0; d < P; ++d) {
+    const int32_t v = d / U, u = d % U;
+    const HeadSlot& mine = slots[u];
+    const double compute = mine.num_q() > 0 ? 4.0 * static_cast<double>(group_area[v]) *
+                                                  mine.num_q() * D / profile.attention_flops
+                                            : 0.0;
+    double xf = 0, xb = 0, xr = 0;
+    for (int t = 0; t < kNumTiers; ++t) {
+      const double b = bw[t];
+      xf = std::max(xf, static_cast<double>(std::max(kv_send[d][t] + hf_send[d][t],
+                                                     kv_recv[d][t] + hf_recv[d][t])) / b);
+      xb = std::max(xb, static_cast<double>(std::max(kv_send[d][t] + hb_send[d][t],
+                                                     kv_recv[d][t] + hb_recv[d][t])) / b);
+      xr = std::max(xr, static_cast<double>(std::max(kv_send[d][t], kv_recv[d][t])) / b);
+    }
+    fwd = std::max({fwd, compute, xf});
+    bwd = std::max(bwd, std::max(compute * profile.backward_factor, xb) + xr);
+  }
+  return (fwd + bwd) * 1e6;
 }
 
 absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given) {
@@ -312,15 +516,41 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given) {
   const HardwareProfile& profile = GetHardwareProfile(spec.profile);
   Plan plan;
   if (spec.strategy == Strategy::kAuto) {
-    std::vector<StrategyCost> candidates;
-    bool have = false;
-    for (Strategy s : {Strategy::kSap, Strategy::kHsap, Strategy::kRing, Strategy::kAllGather,
-                       Strategy::kUlysses, Strategy::kUsp}) {
-      Plan p = BuildPlan(spec, slices, index, dispatch, s, profile);
-      candidates.push_back({s, p.stats.modeled_us});
-      if (!have || p.stats.modeled_us < plan.stats.modeled_us) {
+    // Branch and bound: candidates in order of their modeled-time lower
+    // bound; a candidate whose bound exceeds the best modeled time so far
+    // cannot win and is not built (its entry in stats.candidates is then
+    // the bound, which is above the chosen plan's time). The result is the
+    // plan a full evaluation picks: lowest modeled time, ties to the earlier
+    // of sap, hsap, ring, allgather, ulysses, usp.
+    constexpr Strategy kOrder[] = {Strategy::kSap,       Strategy::kHsap,    Strategy::kRing,
+                                   Strategy::kAllGather, Strategy::kUlysses, Strategy::kUsp};
+    constexpr int kNum = 6;
+    BoundInputs in;
+    in.owners = BuildOwnerMap(dispatch);
+    in.area.assign(P, 0);
+    in.tokens.assign(P, 0);
+    for (int32_t r = 0; r < P; ++r) {
+      in.tokens[r] = dispatch.TokensOf(r);
+      for (const TokenRange& t : dispatch.ranges[r]) in.area[r] += RowsArea(index, t.begin, t.end);
+    }
+    std::vector<StrategyCost> candidates(kNum);
+    std::vector<std::pair<double, int>> by_bound;
+    for (int i = 0; i < kNum; ++i) {
+      candidates[i] = {kOrder[i],
+                       ModeledLowerBoundUs(spec, index, dispatch, in, kOrder[i], profile)};
+      by_bound.push_back({candidates[i].modeled_us, i});
+    }
+    std::sort(by_bound.begin(), by_bound.end());
+    int best = -1;
+    for (const auto& [bound, i] : by_bound) {
+      // Rounding margin: the bound sums the same terms in another order.
+      if (best >= 0 && bound > plan.stats.modeled_us * (1 + 1e-9)) break;
+      Plan p = BuildPlan(spec, slices, index, dispatch, kOrder[i], profile);
+      candidates[i].modeled_us = p.stats.modeled_us;
+      if (best < 0 || p.stats.modeled_us < plan.stats.modeled_us ||
+          (p.stats.modeled_us == plan.stats.modeled_us && i < best)) {
         plan = std::move(p);
-        have = true;
+        best = i;
       }
     }
     plan.stats.candidates = std::move(candidates);

@@ -4,7 +4,8 @@
 // the same spec, and only plan keys are compared across nodes. Cost is
 // interval arithmetic over documents and rank ranges (never per token):
 // O(slices log slices + P * runs per rank) for sap/allgather/hsap, plus
-// O(P^2) for ring (P - 1 rounds per rank).
+// O(P^2) for ring (P - 1 rounds per rank) and ulysses (a P-way all-to-all);
+// auto skips those when their lower bound shows they cannot win.
 //
 // Example:
 //   HSAP_ASSIGN_OR_RETURN(Plan plan, CompilePlan(spec));
@@ -19,9 +20,14 @@
 namespace hsap::plan {
 
 // Validates `spec` (ValidatePlanSpec: INVALID_ARGUMENT naming the field) and
-// compiles it. Strategy kAuto compiles every strategy and keeps the one with
-// the lowest modeled time (ties: the earlier of sap, hsap, ring, allgather,
-// ulysses, usp), recording all candidates in stats.candidates.
+// compiles it. Strategy kAuto returns the strategy with the lowest modeled
+// time (ties: the earlier of sap, hsap, ring, allgather, ulysses, usp). It
+// computes a closed-form lower bound of every strategy's modeled time and
+// builds candidates in order of their bound, skipping those whose bound
+// exceeds the best modeled time so far (they cannot win): the result is
+// that of building all six. stats.candidates lists all six in that order:
+// the modeled time of each built candidate, the lower bound (above the
+// chosen plan's time) of each skipped one.
 absl::StatusOr<Plan> CompilePlan(const PlanSpec& spec);
 
 // Compiles `spec` with a given assignment instead of spec.assignment's

@@ -56,8 +56,7 @@ double TransferSeconds(const HardwareProfile& p, const TierBytes& b,
   return worst;
 }
 
-double ComputeSeconds(const HardwareProfile& p, const std::vector<WorkItem>& items, int64_t heads,
-                      int64_t head_dim, bool backward) {
+int64_t ItemsArea(const std::vector<WorkItem>& items) {
   int64_t area = 0;
   for (const WorkItem& w : items) {
     MaskSlice s;
@@ -68,34 +67,19 @@ double ComputeSeconds(const HardwareProfile& p, const std::vector<WorkItem>& ite
     s.window = w.window;
     area += SliceArea(s);
   }
+  return area;
+}
+
+double ComputeSeconds(const HardwareProfile& p, int64_t area, int64_t heads, int64_t head_dim,
+                      bool backward) {
   const double flops = 4.0 * static_cast<double>(area) * heads * head_dim *
                        (backward ? p.backward_factor : 1.0);
   return flops / p.attention_flops;
 }
 
-}  // namespace
-
-std::vector<std::string> HardwareProfileNames() {
-  std::vector<std::string> names;
-  for (const HardwareProfile& p : Profiles()) names.push_back(p.name);
-  return names;
-}
-
-bool IsKnownProfile(absl::string_view name) {
-  for (const HardwareProfile& p : Profiles()) {
-    if (p.name == name) return true;
-  }
-  return false;
-}
-
-const HardwareProfile& GetHardwareProfile(absl::string_view name) {
-  for (const HardwareProfile& p : Profiles()) {
-    if (p.name == name) return p;
-  }
-  return Profiles().front();
-}
-
-void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
+// area(rank index, stage index, overlap?) -> area of that stage's items.
+template <typename AreaFn>
+void Model(const HardwareProfile& profile, AreaFn&& area, Plan* plan) {
   const int64_t D = plan->spec.shape.head_dim;
   size_t fwd_stages = 0, bwd_stages = 0;
   for (const RankPlan& rp : plan->ranks) {
@@ -104,7 +88,8 @@ void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
   }
   std::vector<double> fwd_max(fwd_stages, 0.0), bwd_max(bwd_stages, 0.0);
   double lb_fwd = 0, lb_bwd = 0;
-  for (RankPlan& rp : plan->ranks) {
+  for (size_t ri = 0; ri < plan->ranks.size(); ++ri) {
+    RankPlan& rp = plan->ranks[ri];
     RankStats& rs = rp.stats;
     const int64_t heads = rp.q_head_end - rp.q_head_begin;
     rs.fwd_compute_us = rs.bwd_compute_us = rs.fwd_us = rs.bwd_us = 0;
@@ -119,8 +104,9 @@ void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
       Add(st.sends, false, &fwd_total);
       Add(st.recvs, true, &fwd_total);
       const double xfer = TransferSeconds(profile, b, &rs.fwd_transfer_us);
-      const double overlap = ComputeSeconds(profile, st.overlap_items, heads, D, false);
-      const double after = ComputeSeconds(profile, st.items, heads, D, false);
+      const double overlap =
+          ComputeSeconds(profile, area(ri, s, false, true), heads, D, false);
+      const double after = ComputeSeconds(profile, area(ri, s, false, false), heads, D, false);
       const double t = std::max(xfer, overlap) + after;
       rs.fwd_compute_us += (overlap + after) * 1e6;
       rs.fwd_us += t * 1e6;
@@ -141,8 +127,8 @@ void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
       }
       const double xfer = TransferSeconds(profile, b, &rs.bwd_transfer_us);
       const double ret = TransferSeconds(profile, r, &rs.bwd_transfer_us);
-      const double overlap = ComputeSeconds(profile, st.overlap_items, heads, D, true);
-      const double after = ComputeSeconds(profile, st.items, heads, D, true);
+      const double overlap = ComputeSeconds(profile, area(ri, s, true, true), heads, D, true);
+      const double after = ComputeSeconds(profile, area(ri, s, true, false), heads, D, true);
       const double t = std::max(xfer, overlap) + after + ret;
       rs.bwd_compute_us += (overlap + after) * 1e6;
       rs.bwd_us += t * 1e6;
@@ -169,6 +155,49 @@ void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
   for (double t : bwd_max) ps.bwd_us += t * 1e6;
   ps.modeled_us = ps.fwd_us + ps.bwd_us;
   ps.lower_bound_us = (lb_fwd + lb_bwd) * 1e6;
+}
+
+}  // namespace
+
+std::vector<std::string> HardwareProfileNames() {
+  std::vector<std::string> names;
+  for (const HardwareProfile& p : Profiles()) names.push_back(p.name);
+  return names;
+}
+
+bool IsKnownProfile(absl::string_view name) {
+  for (const HardwareProfile& p : Profiles()) {
+    if (p.name == name) return true;
+  }
+  return false;
+}
+
+const HardwareProfile& GetHardwareProfile(absl::string_view name) {
+  for (const HardwareProfile& p : Profiles()) {
+    if (p.name == name) return p;
+  }
+  return Profiles().front();
+}
+
+void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
+  Model(
+      profile,
+      [plan](size_t r, size_t s, bool backward, bool overlap) {
+        const Stage& st = (backward ? plan->ranks[r].backward : plan->ranks[r].forward)[s];
+        return ItemsArea(overlap ? st.overlap_items : st.items);
+      },
+      plan);
+}
+
+void ModelPlanTimeWithAreas(const HardwareProfile& profile,
+                            const std::vector<std::vector<std::array<int64_t, 2>>>& stage_area,
+                            Plan* plan) {
+  Model(
+      profile,
+      [&stage_area](size_t r, size_t s, bool, bool overlap) {
+        return stage_area[r][s][overlap ? 0 : 1];
+      },
+      plan);
 }
 
 }  // namespace hsap::plan

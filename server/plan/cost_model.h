@@ -17,6 +17,7 @@
 #ifndef HSAP_SERVER_PLAN_COST_MODEL_H_
 #define HSAP_SERVER_PLAN_COST_MODEL_H_
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,15 @@ struct Plan;
 // Fills the modeled times of every rank (RankStats::*_us) and of the plan
 // (PlanStats::fwd_us, bwd_us, modeled_us, lower_bound_us).
 void ModelPlanTime(const HardwareProfile& profile, Plan* plan);
+
+// The same, with the work-item areas given instead of summed over the items
+// of every rank: stage_area[r][s] = {area of overlap_items, area of items} of
+// rank r's forward stage s and of its backward stage s (the compiler's
+// backward stages repeat the forward items; the ranks of a head group share
+// theirs, so the compiler sums each inner stage once).
+void ModelPlanTimeWithAreas(const HardwareProfile& profile,
+                            const std::vector<std::vector<std::array<int64_t, 2>>>& stage_area,
+                            Plan* plan);
 
 }  // namespace hsap::plan
 

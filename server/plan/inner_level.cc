@@ -184,6 +184,19 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
   }
   // Sends mirror receives, grouped by (stage, receiver); receivers visited in
   // increasing order so each stage's sends are sorted by peer.
+  {
+    std::vector<size_t> count(static_cast<size_t>(V) * num_stages, 0);
+    for (int32_t v = 0; v < V; ++v) {
+      for (int32_t s = 0; s < num_stages; ++s) {
+        for (const Transfer& r : out[v].stages[s].recvs) ++count[r.peer * num_stages + s];
+      }
+    }
+    for (int32_t v = 0; v < V; ++v) {
+      for (int32_t s = 0; s < num_stages; ++s) {
+        out[v].stages[s].sends.reserve(count[v * num_stages + s]);
+      }
+    }
+  }
   for (int32_t v = 0; v < V; ++v) {
     for (int32_t s = 0; s < num_stages; ++s) {
       for (const Transfer& r : out[v].stages[s].recvs) {
