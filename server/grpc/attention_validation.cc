@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "server/plan/plan_spec.h"
 
 namespace hsap {
 namespace {
@@ -132,6 +133,12 @@ absl::Status ResolveMask(const hsap::v1::MaskSpec& mask, uint64_t session,
   if (window < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("mask.window_left is ", mask.window_left(), "; it must be >= -1 (-1 = none)"));
+  }
+  // Lowered slices carry the window into SliceArea and the kernels
+  // (r + offset - window) and into the plan spec: the planner's bound.
+  if (window > plan::kMaxTotalTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mask.window_left is ", window, "; it must be at most 2^40 (-1 = none)"));
   }
   if (window >= 0 && !mask.causal() &&
       mask.structure_case() == hsap::v1::MaskSpec::kCuSeqlens) {

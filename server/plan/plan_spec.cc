@@ -197,6 +197,23 @@ absl::Status ValidatePlanSpec(const PlanSpec& spec) {
     }
     HSAP_RETURN_IF_ERROR(CheckNoOverlap(spec.slices));
   }
+  // The planner sums mask areas ((q, k) pairs) times q heads in int64
+  // (RankStats::head_area). Non-overlapping slices have area <= sum of
+  // num_q * num_k <= total_tokens^2, which 2^40 tokens would take to 2^80:
+  // bound that sum by 2^62 / num_heads_q (one 2^31-token document with one
+  // head fits; beyond, the documents must be short enough).
+  {
+    const int64_t kMaxAreaBound = (int64_t{1} << 62) / h.num_heads_q;
+    int64_t bound = 0;
+    for (const MaskSlice& s : ResolveSlices(spec)) {
+      if (s.num_k() > (kMaxAreaBound - bound) / s.num_q()) {
+        return InvalidArgumentError(StrCat("mask: the slices up to ", SliceDebugString(s),
+                                           " span more than 2^62 / num_heads_q (",
+                                           kMaxAreaBound, ") (query, key) pairs"));
+      }
+      bound += s.num_q() * s.num_k();
+    }
+  }
   if (!IsKnownProfile(spec.profile)) {
     return InvalidArgumentError(StrCat("profile \"", spec.profile, "\" is unknown; known: ",
                                        absl::StrJoin(HardwareProfileNames(), ", ")));

@@ -105,6 +105,27 @@ TEST(ValidationTest, OverflowIsCaughtBeforeArithmetic) {
   ExpectError(s, "total_tokens (1099511627777) must be in [0, 2^40]");
 }
 
+// Found by tests/fuzz/plan_spec_fuzzer: one 2^40-token document passed
+// validation and SliceArea overflowed int64 (2^80 pairs) while compiling.
+TEST(ValidationTest, MaskAreaMustFitInt64) {
+  PlanSpec s = Good();
+  s.total_tokens = int64_t{1} << 40;
+  s.cu_seqlens = {0, s.total_tokens};
+  s.causal = false;
+  s.window = -1;
+  ExpectError(s, "mask: the slices up to q[0,1099511627776) k[0,1099511627776) FULL span more "
+                 "than 2^62 / num_heads_q (576460752303423488) (query, key) pairs");
+  // 2^40 tokens as 2^18 documents of 2^22 with one head: 2^62 pairs exactly.
+  s.shape = {1, 1, 64, DType::kBFloat16};
+  s.cu_seqlens.clear();
+  for (int64_t x = 0; x <= s.total_tokens; x += int64_t{1} << 22) s.cu_seqlens.push_back(x);
+  EXPECT_TRUE(ValidatePlanSpec(s).ok()) << ValidatePlanSpec(s);
+  s.slices = {{0, int64_t{1} << 31, 0, int64_t{1} << 31, MaskType::kFull, 0, -1}};
+  s.cu_seqlens.clear();
+  s.total_tokens = int64_t{1} << 31;
+  EXPECT_TRUE(ValidatePlanSpec(s).ok()) << ValidatePlanSpec(s);
+}
+
 TEST(ValidationTest, DispatchMustMatchTheSpec) {
   PlanSpec s = Good();
   Dispatch d;

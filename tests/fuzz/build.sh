@@ -42,7 +42,8 @@ PROTO=$(cd "$OUT/gen" && find hsap -name '*.pb.cc' | sed "s|^|$OUT/gen/|")
 SHM="server/shm/region.cc server/shm/region_registry.cc"
 PLAN=$(ls server/plan/*.cc | grep -v _test.cc)
 CLUSTER="server/cluster/cluster.cc server/cluster/peer_service.cc server/cluster/plan_agreement.cc
-         server/transport/ucx_worker.cc server/transport/ucx_status.cc"
+         server/transport/ucx_worker.cc server/transport/ucx_status.cc
+         $(ls common/auth_token.cc 2>/dev/null)"  # peer tokens (//common:auth_token)
 METRICS=$(ls server/metrics/*.cc | grep -v _test.cc | grep -v hsap_metrics)
 
 declare -A SOURCES=(

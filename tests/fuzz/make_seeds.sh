@@ -23,6 +23,9 @@ CU_INLINE='cu_seqlens { inline_values { values: [0, 10, 24] } }'
 CU_TENSOR='cu_seqlens { tensor { region_id: 3 shape: [4] dtype: DTYPE_INT64 } }'
 seed attention_validation_fuzzer forward_slices 000 hsap.v1.AttentionForwardRequest "${F/"$CU_INLINE"/$SLICES}"
 seed attention_validation_fuzzer forward_cu_tensor 000 hsap.v1.AttentionForwardRequest "${F/"$CU_INLINE"/$CU_TENSOR}"
+# Regression: window_left past 2^48 on a cu_seqlens mask (issue 7 finding).
+seed attention_validation_fuzzer regression_window_left_int64_max 000 hsap.v1.AttentionForwardRequest \
+  "${F/causal: true/causal: true window_left: 9223372036854775807}"
 seed attention_validation_fuzzer backward 001 hsap.v1.AttentionBackwardRequest "$F
   d_o { region_id: 1 offset: 5242880 $T dtype: DTYPE_FLOAT32 }
   dq { region_id: 1 offset: 6291456 $T dtype: DTYPE_FLOAT32 }
@@ -33,6 +36,7 @@ S='topology { num_nodes: 2 devices_per_node: 2 } shape { num_heads_q: 4 num_head
 seed plan_spec_fuzzer documents 000 hsap.v1.PlanSpec "cu_seqlens: [0, 100, 350, 1000] causal: true window: -1 total_tokens: 1000 $S"
 seed plan_spec_fuzzer window_ring 000 hsap.v1.PlanSpec "cu_seqlens: [0, 7, 40] causal: true window: 5 total_tokens: 40 strategy: STRATEGY_RING $S"
 seed plan_spec_fuzzer slices_hsap 000 hsap.v1.PlanSpec "slices { q_begin: 0 q_end: 64 k_begin: 0 k_end: 64 type: MASK_TYPE_CAUSAL } slices { q_begin: 64 q_end: 96 k_begin: 0 k_end: 96 } total_tokens: 96 strategy: STRATEGY_HSAP assignment: ASSIGNMENT_ZIGZAG profile: \"cpu-loopback\" $S"
+# Regression: one 2^40-token document (area 2^80) passed ValidatePlanSpec.
 seed plan_spec_fuzzer huge_document 000 hsap.v1.PlanSpec "cu_seqlens: [0, 1099511627776] causal: false window: -1 total_tokens: 1099511627776 $S"
 
 seed peer_protocol_fuzzer join 000 hsap.v1.JoinRequest 'node_rank: 1 devices_per_node: 1 incarnation: 7'

@@ -52,7 +52,7 @@ void CheckArea(const hsap::MaskSlice& s) {
   FUZZ_CHECK(area >= 0);
   FUZZ_CHECK(static_cast<__int128>(area) <= static_cast<__int128>(s.num_q()) * s.num_k());
   if (s.num_q() <= 4096) FUZZ_CHECK(area == RowSumArea(s));
-  if (static_cast<__int128>(s.num_q()) * s.num_k() <= 4096) FUZZ_CHECK(area == BruteArea(s));
+  if (s.num_q() <= 64 && s.num_k() <= 64) FUZZ_CHECK(area == BruteArea(s));
 }
 
 void FuzzCuSeqlens(FuzzedDataProvider& in) {

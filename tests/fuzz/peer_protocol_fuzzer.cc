@@ -15,6 +15,8 @@
 #include <memory>
 #include <string>
 
+#include <grpcpp/server_context.h>
+
 #include "google/protobuf/stubs/logging.h"
 #include "hsap/v1/peer.pb.h"
 #include "server/cluster/cluster.h"
@@ -58,13 +60,14 @@ bool Parse(const uint8_t* data, size_t size, Request* r) {
 
 void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
   PeerServiceImpl* service = F().Service(use_started);
+  grpc::ServerContext context;  // no peer token configured: not read
   grpc::Status st;
   switch (kind) {
     case 0: {
       v1::JoinRequest r;
       v1::JoinResponse resp;
       if (!Parse(data, size, &r)) return;
-      st = service->Join(nullptr, &r, &resp);
+      st = service->Join(&context, &r, &resp);
       if (!use_started) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
         return;
@@ -83,7 +86,7 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
       v1::HeartbeatRequest r;
       v1::HeartbeatResponse resp;
       if (!Parse(data, size, &r)) return;
-      st = service->Heartbeat(nullptr, &r, &resp);
+      st = service->Heartbeat(&context, &r, &resp);
       if (!use_started) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
         return;
@@ -99,7 +102,7 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
       v1::AgreePlanRequest r;
       v1::AgreePlanResponse resp;
       if (!Parse(data, size, &r)) return;
-      st = service->AgreePlan(nullptr, &r, &resp);
+      st = service->AgreePlan(&context, &r, &resp);
       FUZZ_CHECK(st.ok());
       // This node never states a key here: the peer's key is kept, mine is "".
       FUZZ_CHECK(resp.agreed() == r.plan_key().empty());
@@ -110,7 +113,7 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
       v1::AbortCallRequest r;
       v1::AbortCallResponse resp;
       if (!Parse(data, size, &r)) return;
-      st = service->AbortCall(nullptr, &r, &resp);
+      st = service->AbortCall(&context, &r, &resp);
       FUZZ_CHECK(st.ok());
       return;
     }

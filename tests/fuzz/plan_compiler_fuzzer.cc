@@ -82,7 +82,7 @@ PlanSpec BuildSpec(FuzzedDataProvider& in) {
       MaskSlice s;
       const bool overlap = in.ConsumeIntegralInRange<int>(0, 9) == 0;
       s.q_begin = overlap ? in.ConsumeIntegralInRange<int64_t>(0, t) : q;
-      s.q_end = std::min(t, s.q_begin + in.ConsumeIntegralInRange<int64_t>(0, 16));
+      s.q_end = std::min(t, fuzz::AddSat(s.q_begin, in.ConsumeIntegralInRange<int64_t>(0, 16)));
       s.k_begin = in.ConsumeIntegralInRange<int64_t>(0, t);
       s.k_end = in.ConsumeIntegralInRange<int64_t>(s.k_begin, t);
       s.type = in.ConsumeBool() ? MaskType::kCausal : MaskType::kFull;

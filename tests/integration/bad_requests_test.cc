@@ -196,6 +196,19 @@ TEST_F(BadRequestsTest, WindowNeedsCausal) {
   ExpectError(r, absl::StatusCode::kInvalidArgument, "mask.window_left is -7");
 }
 
+// Found by tests/fuzz/attention_validation_fuzzer: a huge window on a
+// cu_seqlens mask passed validation, and the lowered slices then overflowed
+// r + offset - window in SliceArea.
+TEST_F(BadRequestsTest, WindowBeyond2To40) {
+  auto r = Good();
+  r.mutable_mask()->set_causal(true);
+  r.mutable_mask()->set_window_left(std::numeric_limits<int64_t>::max());
+  ExpectError(r, absl::StatusCode::kInvalidArgument,
+              "mask.window_left is 9223372036854775807; it must be at most 2^40");
+  r.mutable_mask()->set_window_left(int64_t{1} << 40);
+  EXPECT_TRUE(client_->Forward(r).ok());
+}
+
 TEST_F(BadRequestsTest, BadSlices) {
   auto r = Good();
   auto* s = r.mutable_mask()->mutable_slices();

@@ -125,8 +125,9 @@ TEST_F(HsapctlTest, PlansListShowsTheCompiledPlanAndItsHitsRise) {
   EXPECT_TRUE(second.plan_cache_hit());
   const CtlRun after = Hsapctl({"plans", "list", Socket(), "--format=json"});
   ASSERT_EQ(after.exit_code, 0) << after.out;
-  const hsap::v1::PlanSummary* p2 =
-      Find(ParseJson<hsap::v1::ListPlansResponse>(after), first.plan_key());
+  // Named: p2 points into it (a temporary here was a use-after-free, ASan).
+  const hsap::v1::ListPlansResponse after_list = ParseJson<hsap::v1::ListPlansResponse>(after);
+  const hsap::v1::PlanSummary* p2 = Find(after_list, first.plan_key());
   ASSERT_NE(p2, nullptr) << after.out;
   EXPECT_EQ(p2->hits(), hits_before + 1);
 
