@@ -49,7 +49,10 @@ bool HandleMessage(Connection& c, SessionManager* sessions) {
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   const ssize_t n = recvmsg(c.fd.get(), &msg, MSG_CMSG_CLOEXEC);
-  if (n <= 0) return false;
+  if (n < 0) return false;
+  // Take ownership of any fds before deciding anything: a zero-length
+  // message can carry SCM_RIGHTS too, and n == 0 (read as a hang-up below)
+  // must not leak them.
   std::vector<UniqueFd> fds;
   for (struct cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
     if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
@@ -61,6 +64,7 @@ bool HandleMessage(Connection& c, SessionManager* sessions) {
       }
     }
   }
+  if (n == 0) return false;
   hsap::v1::SessionFdTransfer transfer;
   hsap::v1::SessionFdAck ack;
   if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 ||
@@ -70,7 +74,13 @@ bool HandleMessage(Connection& c, SessionManager* sessions) {
     return false;
   }
   ack.set_transfer_id(transfer.transfer_id());
-  if (fds.size() != 1) {
+  if (transfer.transfer_id() == 0) {
+    // proto3's default: a message of another type (or none) parses as a
+    // transfer without an id; RegisterRegion could never name it sensibly.
+    ack.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+    ack.set_message(absl::StrCat("SessionFdTransfer.transfer_id is 0 (unset); ids start at 1 (",
+                                 n, "-byte message with ", fds.size(), " fd(s) refused)"));
+  } else if (fds.size() != 1) {
     ack.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
     ack.set_message(absl::StrCat("SessionFdTransfer carries ", fds.size(),
                                  " file descriptors; it needs exactly 1"));
