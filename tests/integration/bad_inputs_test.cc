@@ -575,7 +575,7 @@ std::vector<Case> Cases() {
                Code::kInvalidArgument, "mask.window_left is -7"});
   c.push_back({"window_int64_max", EditForward([](Env&, Fwd& r) {
                  r.mutable_mask()->set_window_left(std::numeric_limits<int64_t>::max()); }),
-               Code::kInvalidArgument, "it must be at most 2^48"});
+               Code::kInvalidArgument, "mask.window_left is 9223372036854775807; it must be at most 2^"});
   c.push_back({"slice_query_range_past_end", EditForward([](Env&, Fwd& r) {
                  auto* s = r.mutable_mask()->mutable_slices();
                  s->set_total_tokens(kTokens);
