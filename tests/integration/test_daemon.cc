@@ -1,6 +1,7 @@
 #include "tests/integration/test_daemon.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -81,6 +82,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::s
   p->pid_ = fork();
   if (p->pid_ < 0) return absl::InternalError("fork failed");
   if (p->pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test, even if it dies
     execv(binary.c_str(), argv.data());
     _exit(127);
   }
