@@ -7,12 +7,14 @@ PACKAGES=(
   build-essential pkg-config bazel-bootstrap
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils libcivetweb-dev
-  libgtest-dev libgmock-dev libhwy-dev
+  libgtest-dev libgmock-dev libhwy-dev libopenblas-dev libsystemd-dev
   prometheus
   python3-torch python3-grpcio python3-numpy python3-protobuf
   # tests/fuzz: clang with libFuzzer and its sanitizer runtimes. (gcc's
   # libasan8, libubsan1 and libtsan2 for --config=asan/tsan come with gcc.)
   clang libclang-rt-14-dev
+  # llvm-symbolizer for sanitizer stack traces (.bazelrc).
+  llvm
 )
 
 missing=()
