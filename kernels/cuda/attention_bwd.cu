@@ -1,0 +1,334 @@
+// Backward attention work items on the GPU (FlashAttention-2 order).
+//
+// One CTA per (tile = (item, 64-key block), query head) with 4 * D/64 warps.
+// K and V of the block are loaded once; the CTA then walks the 64-row Q
+// blocks that can see its keys (KBlockRowRange). Per Q block, with warp
+// w = (key group kw = w % 4, column slice dw = w / 4):
+//   A  S^T = K·Q^T, dP^T = V·dO^T      warp: keys 16kw.., rows slice dw
+//      P^T = exp2(S^T - LSE), dS^T = P^T∘(dP^T - Δ), mask on edge blocks only
+//      P^T, dS^T -> shared memory (16-bit)
+//   B  dV += P^T·dO, dK += dS^T·Q      warp: keys 16kw.., columns 64dw.. (registers)
+//   C  dQ += dS·K                      warp: rows 16kw.., columns 64dw.. -> fp32 atomicAdd
+// At the end dK (times softmax_scale) and dV are atomically added to the fp32
+// accumulators: query heads of one KV head, and items sharing key rows, add
+// into the same rows.
+//
+// Numerics: LSE is the final forward LSE (natural log) and is moved to the
+// log2 domain once; a row with LSE = -inf sees no key, so its P is 0 (the
+// kernel uses +inf as its subtrahend). Δ = rowsum(dO∘O) comes from
+// ComputeDelta, as in flash-attention.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/status_macros.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/tiling.h"
+
+namespace hsap::kernels::cuda {
+namespace {
+
+constexpr int kBwdBlockQ = 64;
+constexpr int kBwdBlockK = 64;
+
+template <int D>
+struct BwdTraits {
+  static constexpr int kSlices = D / 64;  // 64-column slices of dK/dV/dQ per key group
+  static constexpr int kWarps = 4 * kSlices;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRowsPerWarp = kBwdBlockQ / kSlices;  // step A rows per warp
+  static constexpr int kS = D + 8;                          // K, V, Q, dO smem row stride
+  static constexpr int kPS = kBwdBlockQ + 8;                // P^T, dS^T smem row stride
+  static constexpr int kSmemBytes = (2 * kBwdBlockK + 2 * kBwdBlockQ) * kS * 2 +
+                                    2 * kBwdBlockK * kPS * 2 + 2 * kBwdBlockQ * 4;
+};
+
+struct BwdParams {
+  const BwdWorkItem* items;  // strides resolved
+  const TileRef* tiles;
+  int num_heads_q;
+  int num_heads_kv;
+  int group;  // Hq / Hkv
+  float scale;
+  float scale_log2;
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdParams p) {
+  using Traits = BwdTraits<D>;
+  using E = device::ElementTraits<T>;
+  constexpr int kS = Traits::kS;
+  constexpr int kPS = Traits::kPS;
+  constexpr int kRPW = Traits::kRowsPerWarp;
+  constexpr int kThreads = Traits::kThreads;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* k_s = reinterpret_cast<T*>(smem_raw);  // [kBwdBlockK][kS]
+  T* v_s = k_s + kBwdBlockK * kS;           // [kBwdBlockK][kS]
+  T* q_s = v_s + kBwdBlockK * kS;           // [kBwdBlockQ][kS]
+  T* do_s = q_s + kBwdBlockQ * kS;          // [kBwdBlockQ][kS]
+  T* pt_s = do_s + kBwdBlockQ * kS;         // [kBwdBlockK][kPS]  P^T
+  T* dst_s = pt_s + kBwdBlockK * kPS;       // [kBwdBlockK][kPS]  dS^T
+  float* lse_s = reinterpret_cast<float*>(dst_s + kBwdBlockK * kPS);  // [kBwdBlockQ], log2 domain
+  float* delta_s = lse_s + kBwdBlockQ;                                 // [kBwdBlockQ]
+
+  const TileRef tile = p.tiles[blockIdx.x];
+  const BwdWorkItem& item = p.items[tile.item];
+  const int head = blockIdx.y;
+  const int kv_head = head / p.group;
+  const SliceGeometry geo{item.num_q, item.num_k, item.type, item.offset, item.window};
+  const int64_t key0 = static_cast<int64_t>(tile.block) * kBwdBlockK;
+  const int64_t key_end = key0 + kBwdBlockK < geo.num_k ? key0 + kBwdBlockK : geo.num_k;
+  int64_t row_begin, row_end;
+  KBlockRowRange(geo, key0, key_end, &row_begin, &row_end);
+  if (row_begin >= row_end) return;  // BuildBackwardTiles leaves these out
+
+  const int64_t q_stride = item.q_row_stride;
+  const int64_t kv_stride = item.kv_row_stride;
+  const T* k = static_cast<const T*>(item.k) + key0 * kv_stride + kv_head * D;
+  const T* v = static_cast<const T*>(item.v) + key0 * kv_stride + kv_head * D;
+  device::LoadTileAsync<T, kBwdBlockK, D, kS, kThreads>(k_s, k, kv_stride, geo.num_k - key0);
+  device::LoadTileAsync<T, kBwdBlockK, D, kS, kThreads>(v_s, v, kv_stride, geo.num_k - key0);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int kw = warp % 4;  // key group (steps A, B) / row group (step C)
+  const int dw = warp / 4;  // row slice (step A) / column slice (steps B, C)
+
+  float dk[8][4], dv[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
+  }
+
+  for (int64_t rb = row_begin; rb < row_end; rb += kBwdBlockQ) {
+    const T* q = static_cast<const T*>(item.q) + rb * q_stride + head * D;
+    const T* dout = static_cast<const T*>(item.dout) + rb * q_stride + head * D;
+    device::LoadTileAsync<T, kBwdBlockQ, D, kS, kThreads>(q_s, q, q_stride, geo.num_q - rb);
+    device::LoadTileAsync<T, kBwdBlockQ, D, kS, kThreads>(do_s, dout, q_stride, geo.num_q - rb);
+    device::CpAsyncCommit();
+    for (int r = threadIdx.x; r < kBwdBlockQ; r += kThreads) {
+      const int64_t row = rb + r;
+      float lse = INFINITY, delta = 0.f;
+      if (row < geo.num_q) {
+        const float l = item.lse[head * item.lse_stride + row];
+        lse = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+        delta = item.delta[head * item.lse_stride + row];
+      }
+      lse_s[r] = lse;
+      delta_s[r] = delta;
+    }
+    device::CpAsyncWait<0>();
+    __syncthreads();
+    const bool interior = BlockIsInterior(geo, rb, rb + kBwdBlockQ, key0, key0 + kBwdBlockK);
+
+    // Step A: S^T and dP^T for keys 16kw.. and rows [dw * kRPW, +kRPW).
+    {
+      float st[kRPW / 8][4], dpt[kRPW / 8][4];
+#pragma unroll
+      for (int j = 0; j < kRPW / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a_k[4], a_v[4];
+        const int a_off = (kw * 16 + lane % 16) * kS + kk * 16 + (lane / 16) * 8;
+        device::LdMatrixX4(a_k, k_s + a_off);
+        device::LdMatrixX4(a_v, v_s + a_off);
+#pragma unroll
+        for (int j = 0; j < kRPW / 8; j += 2) {
+          const int b_off = (dw * kRPW + j * 8 + lane % 8 + (lane / 16) * 8) * kS + kk * 16 +
+                            ((lane / 8) % 2) * 8;
+          uint32_t b[4];
+          device::LdMatrixX4(b, q_s + b_off);
+          E::Mma(st[j], a_k, b);
+          E::Mma(st[j + 1], a_k, b + 2);
+          device::LdMatrixX4(b, do_s + b_off);
+          E::Mma(dpt[j], a_v, b);
+          E::Mma(dpt[j + 1], a_v, b + 2);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kRPW / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int local_row = dw * kRPW + j * 8 + 2 * t + (e & 1);
+          const int local_key = kw * 16 + g + (e / 2) * 8;
+          float prob = exp2f(st[j][e] * p.scale_log2 - lse_s[local_row]);
+          if (!interior) {
+            const int64_t r = rb + local_row, c = key0 + local_key;
+            if (r >= geo.num_q || c >= geo.num_k ||
+                !SliceAllows(geo.type, geo.offset, geo.window, r, c)) {
+              prob = 0.f;
+            }
+          }
+          st[j][e] = prob;
+          dpt[j][e] = prob * (dpt[j][e] - delta_s[local_row]);
+        }
+        const int col = dw * kRPW + j * 8 + 2 * t;
+        uint32_t* pt_lo = reinterpret_cast<uint32_t*>(pt_s + (kw * 16 + g) * kPS + col);
+        uint32_t* pt_hi = reinterpret_cast<uint32_t*>(pt_s + (kw * 16 + g + 8) * kPS + col);
+        uint32_t* ds_lo = reinterpret_cast<uint32_t*>(dst_s + (kw * 16 + g) * kPS + col);
+        uint32_t* ds_hi = reinterpret_cast<uint32_t*>(dst_s + (kw * 16 + g + 8) * kPS + col);
+        *pt_lo = E::Pack(st[j][0], st[j][1]);
+        *pt_hi = E::Pack(st[j][2], st[j][3]);
+        *ds_lo = E::Pack(dpt[j][0], dpt[j][1]);
+        *ds_hi = E::Pack(dpt[j][2], dpt[j][3]);
+      }
+    }
+    __syncthreads();
+
+    // Step B: dV += P^T·dO, dK += dS^T·Q over the block's 64 rows.
+#pragma unroll
+    for (int kk = 0; kk < kBwdBlockQ / 16; ++kk) {
+      uint32_t a_p[4], a_ds[4];
+      const int a_off = (kw * 16 + lane % 16) * kPS + kk * 16 + (lane / 16) * 8;
+      device::LdMatrixX4(a_p, pt_s + a_off);
+      device::LdMatrixX4(a_ds, dst_s + a_off);
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        const int b_off = (kk * 16 + lane % 16) * kS + dw * 64 + (j + lane / 16) * 8;
+        uint32_t b[4];
+        device::LdMatrixX4Trans(b, do_s + b_off);
+        E::Mma(dv[j], a_p, b);
+        E::Mma(dv[j + 1], a_p, b + 2);
+        device::LdMatrixX4Trans(b, q_s + b_off);
+        E::Mma(dk[j], a_ds, b);
+        E::Mma(dk[j + 1], a_ds, b + 2);
+      }
+    }
+
+    // Step C: dQ rows 16kw.., columns 64dw.. += dS·K (dS read transposed).
+    {
+      float dq[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kBwdBlockK / 16; ++kk) {
+        uint32_t a[4];
+        device::LdMatrixX4Trans(
+            a, dst_s + (kk * 16 + (lane / 16) * 8 + lane % 8) * kPS + kw * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+          uint32_t b[4];
+          device::LdMatrixX4Trans(b, k_s + (kk * 16 + lane % 16) * kS + dw * 64 + (j + lane / 16) * 8);
+          E::Mma(dq[j], a, b);
+          E::Mma(dq[j + 1], a, b + 2);
+        }
+      }
+      const int64_t dq_stride = static_cast<int64_t>(p.num_heads_q) * D;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = rb + kw * 16 + g + half * 8;
+        if (row >= geo.num_q) continue;
+        float* dst = item.dq_acc + row * dq_stride + head * D + dw * 64 + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          atomicAdd(dst + j * 8, dq[j][2 * half] * p.scale);
+          atomicAdd(dst + j * 8 + 1, dq[j][2 * half + 1] * p.scale);
+        }
+      }
+    }
+    __syncthreads();  // the next Q block overwrites q_s, do_s, pt_s, dst_s
+  }
+
+  const int64_t kv_acc_stride = static_cast<int64_t>(p.num_heads_kv) * D;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t key = key0 + kw * 16 + g + half * 8;
+    if (key >= geo.num_k) continue;
+    const int64_t at = key * kv_acc_stride + kv_head * D + dw * 64 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      atomicAdd(item.dk_acc + at + j * 8, dk[j][2 * half] * p.scale);
+      atomicAdd(item.dk_acc + at + j * 8 + 1, dk[j][2 * half + 1] * p.scale);
+      atomicAdd(item.dv_acc + at + j * 8, dv[j][2 * half]);
+      atomicAdd(item.dv_acc + at + j * 8 + 1, dv[j][2 * half + 1]);
+    }
+  }
+}
+
+template <typename T, int D>
+absl::Status LaunchBackward(const BwdParams& params, int num_tiles, int num_heads_q,
+                            cudaStream_t stream) {
+  using Traits = BwdTraits<D>;
+  HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      BackwardKernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  BackwardKernel<T, D>
+      <<<dim3(num_tiles, num_heads_q), Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
+  HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status LaunchBackwardD(int head_dim, const BwdParams& params, int num_tiles,
+                             int num_heads_q, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64: return LaunchBackward<T, 64>(params, num_tiles, num_heads_q, stream);
+    case 128: return LaunchBackward<T, 128>(params, num_tiles, num_heads_q, stream);
+    default: return LaunchBackward<T, 256>(params, num_tiles, num_heads_q, stream);
+  }
+}
+
+}  // namespace
+
+absl::Status Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
+                      CudaStream stream) {
+  HSAP_RETURN_IF_ERROR(internal::ValidateShape(shape));
+  const int D = shape.head_dim;
+  std::vector<BwdWorkItem> resolved(items.begin(), items.end());
+  std::vector<SliceGeometry> geometry;
+  for (size_t i = 0; i < resolved.size(); ++i) {
+    BwdWorkItem& it = resolved[i];
+    if (it.q_row_stride == 0) it.q_row_stride = static_cast<int64_t>(shape.num_heads_q) * D;
+    if (it.kv_row_stride == 0) it.kv_row_stride = static_cast<int64_t>(shape.num_heads_kv) * D;
+    if (it.num_q < 0 || it.num_k < 0 || it.num_k > (int64_t{1} << 30) * kBwdBlockK) {
+      return absl::InvalidArgumentError(absl::StrCat("items[", i, "].num_q/num_k: ", it.num_q,
+                                                     "/", it.num_k));
+    }
+    if (it.num_q > 0 && it.num_k > 0) {
+      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.q, i, "q"));
+      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.k, i, "k"));
+      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.v, i, "v"));
+      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.dout, i, "dout"));
+      HSAP_RETURN_IF_ERROR(internal::CheckStride(it.q_row_stride, int64_t{shape.num_heads_q} * D,
+                                                 i, "q_row_stride"));
+      HSAP_RETURN_IF_ERROR(internal::CheckStride(
+          it.kv_row_stride, int64_t{shape.num_heads_kv} * D, i, "kv_row_stride"));
+      if (it.lse == nullptr || it.delta == nullptr || it.dq_acc == nullptr ||
+          it.dk_acc == nullptr || it.dv_acc == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("items[", i, "]: lse, delta, dq_acc, dk_acc and dv_acc are required"));
+      }
+    }
+    geometry.push_back({it.num_q, it.num_k, it.type, it.offset, it.window});
+  }
+  const std::vector<TileRef> tiles = BuildBackwardTiles(geometry, kBwdBlockK);
+  if (tiles.empty()) return absl::OkStatus();
+  std::vector<uint8_t> table;
+  const size_t items_at = internal::AppendTable(resolved, &table);
+  const size_t tiles_at = internal::AppendTable(tiles, &table);
+  internal::StreamScratch scratch(stream);
+  HSAP_RETURN_IF_ERROR(scratch.Upload(table));
+  BwdParams params;
+  params.items = scratch.At<BwdWorkItem>(items_at);
+  params.tiles = scratch.At<TileRef>(tiles_at);
+  params.num_heads_q = shape.num_heads_q;
+  params.num_heads_kv = shape.num_heads_kv;
+  params.group = shape.num_heads_q / shape.num_heads_kv;
+  params.scale = shape.softmax_scale;
+  params.scale_log2 = shape.softmax_scale * 1.4426950408889634f;
+  const int num_tiles = static_cast<int>(tiles.size());
+  if (shape.dtype == DType::kBFloat16) {
+    return LaunchBackwardD<__nv_bfloat16>(D, params, num_tiles, shape.num_heads_q, stream);
+  }
+  return LaunchBackwardD<__half>(D, params, num_tiles, shape.num_heads_q, stream);
+}
+
+}  // namespace hsap::kernels::cuda

@@ -1,0 +1,356 @@
+// Forward attention work items on the GPU (FlashAttention-2 structure).
+//
+// One CTA of 4 warps per (tile = (item, 64-row Q block), query head). The Q
+// block is copied to shared memory once; the K/V blocks its rows can see
+// (QBlockKeyRange) stream through a double buffer filled by cp.async while
+// the previous block is computed. Each warp owns 16 query rows:
+//   S = Q·K^T           mma.sync m16n8k16, fp32 accumulators in registers
+//   mask                only on blocks that are not interior (BlockIsInterior)
+//   online softmax      fp32, log2 domain, running max and per-lane row sums
+//   O = α∘O + P·V       P re-packed from the S registers to 16 bits (no smem)
+// and the normalised partial (O, LSE) is merged into the caller's fp32
+// accumulators with the log-sum-exp rule. Items whose accumulators overlap
+// run in separate waves (tiling.h AssignWaves), so a merge never races.
+//
+// -inf handling: a row that has seen no allowed key keeps max = -inf; the
+// exponent subtrahend is then 0, so exp2(-inf - 0) = 0 and no inf - inf is
+// ever formed. A row that sees no key in the whole item ends with row sum 0:
+// its partial LSE is -inf and the merge leaves the accumulator untouched.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/status_macros.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/tiling.h"
+
+namespace hsap::kernels::cuda {
+namespace {
+
+constexpr int kFwdBlockQ = 64;
+constexpr int kFwdWarps = 4;
+constexpr int kFwdThreads = kFwdWarps * 32;
+
+// Compile-time tile choices per head dim: smaller key blocks for D = 256 keep
+// the S registers and the K/V double buffer within budget.
+template <int D>
+struct FwdTraits {
+  static constexpr int kBlockK = D <= 128 ? 64 : 32;
+  static constexpr int kSmemStride = D + 8;  // +16 bytes: conflict-free ldmatrix rows
+  static constexpr int kSmemBytes = (kFwdBlockQ + 4 * kBlockK) * kSmemStride * 2;
+};
+
+struct FwdParams {
+  const FwdWorkItem* items;  // strides already resolved (non-zero)
+  const TileRef* tiles;      // this wave's tiles
+  int num_heads_q;
+  int group;          // Hq / Hkv
+  float scale_log2;   // softmax_scale * log2(e)
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
+  using Traits = FwdTraits<D>;
+  using E = device::ElementTraits<T>;
+  constexpr int kBK = Traits::kBlockK;
+  constexpr int kS = Traits::kSmemStride;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* q_s = reinterpret_cast<T*>(smem_raw);  // [kFwdBlockQ][kS]
+  T* k_s = q_s + kFwdBlockQ * kS;           // [2][kBK][kS]
+  T* v_s = k_s + 2 * kBK * kS;              // [2][kBK][kS]
+
+  const TileRef tile = p.tiles[blockIdx.x];
+  const FwdWorkItem& item = p.items[tile.item];
+  const int head = blockIdx.y;
+  const int kv_head = head / p.group;
+  const SliceGeometry geo{item.num_q, item.num_k, item.type, item.offset, item.window};
+  const int64_t row0 = static_cast<int64_t>(tile.block) * kFwdBlockQ;
+  int64_t key_begin, key_end;
+  QBlockKeyRange(geo, row0, row0 + kFwdBlockQ, &key_begin, &key_end);
+  if (key_begin >= key_end) return;  // BuildForwardTiles leaves these out
+
+  const int64_t q_stride = item.q_row_stride;
+  const int64_t kv_stride = item.kv_row_stride;
+  const T* q = static_cast<const T*>(item.q) + row0 * q_stride + head * D;
+  const T* k = static_cast<const T*>(item.k) + key_begin * kv_stride + kv_head * D;
+  const T* v = static_cast<const T*>(item.v) + key_begin * kv_stride + kv_head * D;
+  const int64_t num_keys = key_end - key_begin;
+  const int num_blocks = static_cast<int>(CeilBlocks(num_keys, kBK));
+
+  device::LoadTileAsync<T, kFwdBlockQ, D, kS, kFwdThreads>(q_s, q, q_stride, item.num_q - row0);
+  auto load_kv = [&](int n, int buf) {
+    const int64_t first = static_cast<int64_t>(n) * kBK;
+    device::LoadTileAsync<T, kBK, D, kS, kFwdThreads>(k_s + buf * kBK * kS, k + first * kv_stride,
+                                                      kv_stride, num_keys - first);
+    device::LoadTileAsync<T, kBK, D, kS, kFwdThreads>(v_s + buf * kBK * kS, v + first * kv_stride,
+                                                      kv_stride, num_keys - first);
+  };
+  load_kv(0, 0);
+  device::CpAsyncCommit();
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;  // C-fragment row within the warp's 16
+  const int t = lane % 4;  // C-fragment column pair
+  // This lane's two rows (item-relative) and the keys each may see.
+  int64_t row[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
+  int64_t lo[2], hi[2];
+  for (int r = 0; r < 2; ++r) {
+    RowKeyRange(geo.type, geo.offset, geo.window, geo.num_k, row[r], &lo[r], &hi[r]);
+  }
+  const int64_t rows_valid_end = row0 + kFwdBlockQ < geo.num_q ? row0 + kFwdBlockQ : geo.num_q;
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};  // this lane's share; summed over the quad at the end
+
+  for (int n = 0; n < num_blocks; ++n) {
+    if (n + 1 < num_blocks) {
+      load_kv(n + 1, (n + 1) & 1);
+      device::CpAsyncCommit();
+      device::CpAsyncWait<1>();
+    } else {
+      device::CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const T* kt = k_s + (n & 1) * kBK * kS;
+    const T* vt = v_s + (n & 1) * kBK * kS;
+
+    // S = Q·K^T for this warp's 16 rows and the block's kBK keys.
+    float s[kBK / 8][4];
+#pragma unroll
+    for (int j = 0; j < kBK / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      device::LdMatrixX4(a, q_s + (warp * 16 + lane % 16) * kS + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int j = 0; j < kBK / 8; j += 2) {
+        uint32_t b[4];
+        device::LdMatrixX4(b, kt + (j * 8 + lane % 8 + (lane / 16) * 8) * kS + kk * 16 +
+                                  ((lane / 8) % 2) * 8);
+        E::Mma(s[j], a, b);
+        E::Mma(s[j + 1], a, b + 2);
+      }
+    }
+
+    const int64_t kb = key_begin + static_cast<int64_t>(n) * kBK;
+    const bool interior = BlockIsInterior(geo, row0, rows_valid_end, kb, kb + kBK);
+#pragma unroll
+    for (int j = 0; j < kBK / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[j][e] * p.scale_log2;
+        if (!interior) {
+          const int64_t key = kb + j * 8 + 2 * t + (e & 1);
+          const int r = e / 2;
+          if (key < lo[r] || key >= hi[r]) x = -INFINITY;
+        }
+        s[j][e] = x;
+      }
+    }
+
+    // Online softmax: new running max, rescale O and the row sums by α.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float block_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kBK / 8; ++j) {
+        block_max = fmaxf(block_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      }
+      block_max = device::QuadMax(block_max);
+      const float new_max = fmaxf(row_max[r], block_max);
+      const float subtrahend = new_max == -INFINITY ? 0.f : new_max;
+      const float alpha = exp2f(row_max[r] - subtrahend);  // 0 when nothing seen yet
+      row_max[r] = new_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kBK / 8; ++j) {
+        s[j][2 * r] = exp2f(s[j][2 * r] - subtrahend);
+        s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - subtrahend);
+        sum += s[j][2 * r] + s[j][2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[j][2 * r] *= alpha;
+        o[j][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P·V: two S n8 tiles form one A fragment over 16 keys.
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      const uint32_t a[4] = {E::Pack(s[2 * kk][0], s[2 * kk][1]),
+                             E::Pack(s[2 * kk][2], s[2 * kk][3]),
+                             E::Pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             E::Pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int j = 0; j < D / 8; j += 2) {
+        uint32_t b[4];
+        device::LdMatrixX4Trans(b, vt + (kk * 16 + lane % 16) * kS + (j + lane / 16) * 8);
+        E::Mma(o[j], a, b);
+        E::Mma(o[j + 1], a, b + 2);
+      }
+    }
+    __syncthreads();  // the next iteration's prefetch overwrites this buffer
+  }
+
+  // Merge (O_b, LSE_b) of this tile into the accumulators (O_a, LSE_a).
+  float weight_a[2], weight_b[2], merged_lse[2];
+  bool write[2];
+  const int64_t lse_stride = item.lse_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = device::QuadSum(row_sum[r]);
+    const bool in_item = row[r] < geo.num_q;
+    const float lse_b = sum > 0.f ? row_max[r] * 0.69314718055994531f + logf(sum) : -INFINITY;
+    const float lse_a = in_item ? item.lse_acc[head * lse_stride + row[r]] : -INFINITY;
+    write[r] = in_item && lse_b != -INFINITY;
+    if (lse_a == -INFINITY) {
+      weight_a[r] = 0.f;
+      weight_b[r] = 1.f;
+      merged_lse[r] = lse_b;
+    } else if (lse_b == -INFINITY) {
+      weight_a[r] = 1.f;
+      weight_b[r] = 0.f;
+      merged_lse[r] = lse_a;
+    } else {
+      const float m = fmaxf(lse_a, lse_b);
+      const float ea = expf(lse_a - m), eb = expf(lse_b - m);
+      weight_a[r] = ea / (ea + eb);
+      weight_b[r] = eb / (ea + eb);
+      merged_lse[r] = m + logf(ea + eb);
+    }
+    weight_b[r] = sum > 0.f ? weight_b[r] / sum : 0.f;  // folds the 1/rowsum normalisation
+  }
+  __syncwarp();  // every lane of the quad has read LSE_a before lane t == 0 writes it
+  const int64_t o_stride = static_cast<int64_t>(p.num_heads_q) * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (!write[r]) continue;
+    float* o_row = item.o_acc + row[r] * o_stride + head * D;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      float2* dst = reinterpret_cast<float2*>(o_row + j * 8 + 2 * t);
+      const float2 old = *dst;
+      *dst = make_float2(weight_a[r] * old.x + weight_b[r] * o[j][2 * r],
+                         weight_a[r] * old.y + weight_b[r] * o[j][2 * r + 1]);
+    }
+    if (t == 0) item.lse_acc[head * lse_stride + row[r]] = merged_lse[r];
+  }
+}
+
+template <typename T, int D>
+absl::Status LaunchForward(const FwdParams& params, int num_tiles, int num_heads_q,
+                           cudaStream_t stream) {
+  if (num_tiles == 0) return absl::OkStatus();
+  constexpr int kSmem = FwdTraits<D>::kSmemBytes;
+  HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      ForwardKernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  ForwardKernel<T, D><<<dim3(num_tiles, num_heads_q), kFwdThreads, kSmem, stream>>>(params);
+  HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status LaunchForwardD(int head_dim, const FwdParams& params, int num_tiles,
+                            int num_heads_q, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64: return LaunchForward<T, 64>(params, num_tiles, num_heads_q, stream);
+    case 128: return LaunchForward<T, 128>(params, num_tiles, num_heads_q, stream);
+    default: return LaunchForward<T, 256>(params, num_tiles, num_heads_q, stream);
+  }
+}
+
+}  // namespace
+
+absl::Status Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items,
+                     CudaStream stream) {
+  HSAP_RETURN_IF_ERROR(internal::ValidateShape(shape));
+  const int D = shape.head_dim;
+  std::vector<FwdWorkItem> resolved(items.begin(), items.end());
+  std::vector<SliceGeometry> geometry;
+  std::vector<AccumulatorSpan> spans;
+  for (size_t i = 0; i < resolved.size(); ++i) {
+    FwdWorkItem& it = resolved[i];
+    if (it.q_row_stride == 0) it.q_row_stride = static_cast<int64_t>(shape.num_heads_q) * D;
+    if (it.kv_row_stride == 0) it.kv_row_stride = static_cast<int64_t>(shape.num_heads_kv) * D;
+    if (it.num_q < 0 || it.num_k < 0 || it.num_q > (int64_t{1} << 30) * kFwdBlockQ) {
+      return absl::InvalidArgumentError(absl::StrCat("items[", i, "].num_q/num_k: ", it.num_q,
+                                                     "/", it.num_k));
+    }
+    if (it.num_q > 0 && it.num_k > 0) {
+      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.q, i, "q"));
+      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.k, i, "k"));
+      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.v, i, "v"));
+      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.o_acc, i, "o_acc"));
+      if (it.lse_acc == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("items[", i, "].lse_acc: null"));
+      }
+      HSAP_RETURN_IF_ERROR(internal::CheckStride(
+          it.q_row_stride, int64_t{shape.num_heads_q} * D, i, "q_row_stride"));
+      HSAP_RETURN_IF_ERROR(internal::CheckStride(
+          it.kv_row_stride, int64_t{shape.num_heads_kv} * D, i, "kv_row_stride"));
+      if (shape.num_heads_q > 1 && it.lse_stride < it.num_q) {
+        return absl::InvalidArgumentError(absl::StrCat("items[", i, "].lse_stride: ",
+                                                       it.lse_stride, " < num_q ", it.num_q));
+      }
+    }
+    geometry.push_back({it.num_q, it.num_k, it.type, it.offset, it.window});
+    AccumulatorSpan span;
+    if (it.num_q > 0 && it.num_k > 0) {
+      span.o_begin = reinterpret_cast<uintptr_t>(it.o_acc);
+      span.o_end = span.o_begin + it.num_q * shape.num_heads_q * D * sizeof(float);
+      span.lse_begin = reinterpret_cast<uintptr_t>(it.lse_acc);
+      span.lse_end = span.lse_begin + it.num_q * sizeof(float);
+    }
+    spans.push_back(span);
+  }
+  const std::vector<int> wave_of = AssignWaves(spans);
+  int num_waves = 0;
+  for (int w : wave_of) num_waves = std::max(num_waves, w + 1);
+  std::vector<TileRef> tiles;
+  std::vector<size_t> wave_begin;
+  for (int w = 0; w < num_waves; ++w) {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < wave_of.size(); ++i) {
+      if (wave_of[i] == w) ids.push_back(static_cast<int32_t>(i));
+    }
+    wave_begin.push_back(tiles.size());
+    const std::vector<TileRef> wave_tiles = BuildForwardTiles(geometry, ids, kFwdBlockQ);
+    tiles.insert(tiles.end(), wave_tiles.begin(), wave_tiles.end());
+  }
+  wave_begin.push_back(tiles.size());
+  if (tiles.empty()) return absl::OkStatus();
+
+  std::vector<uint8_t> table;
+  const size_t items_at = internal::AppendTable(resolved, &table);
+  const size_t tiles_at = internal::AppendTable(tiles, &table);
+  internal::StreamScratch scratch(stream);
+  HSAP_RETURN_IF_ERROR(scratch.Upload(table));
+  for (int w = 0; w < num_waves; ++w) {
+    FwdParams params;
+    params.items = scratch.At<FwdWorkItem>(items_at);
+    params.tiles = scratch.At<TileRef>(tiles_at) + wave_begin[w];
+    params.num_heads_q = shape.num_heads_q;
+    params.group = shape.num_heads_q / shape.num_heads_kv;
+    params.scale_log2 = shape.softmax_scale * 1.4426950408889634f;
+    const int num_tiles = static_cast<int>(wave_begin[w + 1] - wave_begin[w]);
+    if (shape.dtype == DType::kBFloat16) {
+      HSAP_RETURN_IF_ERROR(
+          LaunchForwardD<__nv_bfloat16>(D, params, num_tiles, shape.num_heads_q, stream));
+    } else {
+      HSAP_RETURN_IF_ERROR(
+          LaunchForwardD<__half>(D, params, num_tiles, shape.num_heads_q, stream));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace hsap::kernels::cuda
