@@ -24,6 +24,7 @@
 
 #include "common/status_macros.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/fragment_layout.h"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/tiling.h"
@@ -94,8 +95,9 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int g = lane / 4;
-  const int t = lane % 4;
+  // ldmatrix row addresses (fragment_layout.h).
+  const LaneRowCol a_lane = LdmRowMajorA(lane), b_lane = LdmBPair(lane),
+                   bt_lane = LdmTransBPair(lane), at_lane = LdmTransA(lane);
   const int kw = warp % 4;  // key group (steps A, B) / row group (step C)
   const int dw = warp / 4;  // row slice (step A) / column slice (steps B, C)
 
@@ -138,13 +140,12 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a_k[4], a_v[4];
-        const int a_off = (kw * 16 + lane % 16) * kS + kk * 16 + (lane / 16) * 8;
+        const int a_off = (kw * 16 + a_lane.row) * kS + kk * 16 + a_lane.col;
         device::LdMatrixX4(a_k, k_s + a_off);
         device::LdMatrixX4(a_v, v_s + a_off);
 #pragma unroll
         for (int j = 0; j < kRPW / 8; j += 2) {
-          const int b_off = (dw * kRPW + j * 8 + lane % 8 + (lane / 16) * 8) * kS + kk * 16 +
-                            ((lane / 8) % 2) * 8;
+          const int b_off = (dw * kRPW + j * 8 + b_lane.row) * kS + kk * 16 + b_lane.col;
           uint32_t b[4];
           device::LdMatrixX4(b, q_s + b_off);
           E::Mma(st[j], a_k, b);
@@ -158,8 +159,8 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
       for (int j = 0; j < kRPW / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int local_row = dw * kRPW + j * 8 + 2 * t + (e & 1);
-          const int local_key = kw * 16 + g + (e / 2) * 8;
+          const int local_row = dw * kRPW + j * 8 + AccCol(lane, e);
+          const int local_key = kw * 16 + AccRow(lane, e);
           float prob = exp2f(st[j][e] * p.scale_log2 - lse_s[local_row]);
           if (!interior) {
             const int64_t r = rb + local_row, c = key0 + local_key;
@@ -171,11 +172,13 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
           st[j][e] = prob;
           dpt[j][e] = prob * (dpt[j][e] - delta_s[local_row]);
         }
-        const int col = dw * kRPW + j * 8 + 2 * t;
-        uint32_t* pt_lo = reinterpret_cast<uint32_t*>(pt_s + (kw * 16 + g) * kPS + col);
-        uint32_t* pt_hi = reinterpret_cast<uint32_t*>(pt_s + (kw * 16 + g + 8) * kPS + col);
-        uint32_t* ds_lo = reinterpret_cast<uint32_t*>(dst_s + (kw * 16 + g) * kPS + col);
-        uint32_t* ds_hi = reinterpret_cast<uint32_t*>(dst_s + (kw * 16 + g + 8) * kPS + col);
+        // Registers (0, 1) and (2, 3) are column pairs of rows AccRow(lane, 0 / 2).
+        const int col = dw * kRPW + j * 8 + AccCol(lane, 0);
+        const int key_lo = kw * 16 + AccRow(lane, 0), key_hi = kw * 16 + AccRow(lane, 2);
+        uint32_t* pt_lo = reinterpret_cast<uint32_t*>(pt_s + key_lo * kPS + col);
+        uint32_t* pt_hi = reinterpret_cast<uint32_t*>(pt_s + key_hi * kPS + col);
+        uint32_t* ds_lo = reinterpret_cast<uint32_t*>(dst_s + key_lo * kPS + col);
+        uint32_t* ds_hi = reinterpret_cast<uint32_t*>(dst_s + key_hi * kPS + col);
         *pt_lo = E::Pack(st[j][0], st[j][1]);
         *pt_hi = E::Pack(st[j][2], st[j][3]);
         *ds_lo = E::Pack(dpt[j][0], dpt[j][1]);
@@ -188,12 +191,12 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
 #pragma unroll
     for (int kk = 0; kk < kBwdBlockQ / 16; ++kk) {
       uint32_t a_p[4], a_ds[4];
-      const int a_off = (kw * 16 + lane % 16) * kPS + kk * 16 + (lane / 16) * 8;
+      const int a_off = (kw * 16 + a_lane.row) * kPS + kk * 16 + a_lane.col;
       device::LdMatrixX4(a_p, pt_s + a_off);
       device::LdMatrixX4(a_ds, dst_s + a_off);
 #pragma unroll
       for (int j = 0; j < 8; j += 2) {
-        const int b_off = (kk * 16 + lane % 16) * kS + dw * 64 + (j + lane / 16) * 8;
+        const int b_off = (kk * 16 + bt_lane.row) * kS + dw * 64 + j * 8 + bt_lane.col;
         uint32_t b[4];
         device::LdMatrixX4Trans(b, do_s + b_off);
         E::Mma(dv[j], a_p, b);
@@ -212,12 +215,11 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
 #pragma unroll
       for (int kk = 0; kk < kBwdBlockK / 16; ++kk) {
         uint32_t a[4];
-        device::LdMatrixX4Trans(
-            a, dst_s + (kk * 16 + (lane / 16) * 8 + lane % 8) * kPS + kw * 16 + ((lane / 8) % 2) * 8);
+        device::LdMatrixX4Trans(a, dst_s + (kk * 16 + at_lane.row) * kPS + kw * 16 + at_lane.col);
 #pragma unroll
         for (int j = 0; j < 8; j += 2) {
           uint32_t b[4];
-          device::LdMatrixX4Trans(b, k_s + (kk * 16 + lane % 16) * kS + dw * 64 + (j + lane / 16) * 8);
+          device::LdMatrixX4Trans(b, k_s + (kk * 16 + bt_lane.row) * kS + dw * 64 + j * 8 + bt_lane.col);
           E::Mma(dq[j], a, b);
           E::Mma(dq[j + 1], a, b + 2);
         }
@@ -225,9 +227,9 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
       const int64_t dq_stride = static_cast<int64_t>(p.num_heads_q) * D;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int64_t row = rb + kw * 16 + g + half * 8;
+        const int64_t row = rb + kw * 16 + AccRow(lane, 2 * half);
         if (row >= geo.num_q) continue;
-        float* dst = item.dq_acc + row * dq_stride + head * D + dw * 64 + 2 * t;
+        float* dst = item.dq_acc + row * dq_stride + head * D + dw * 64 + AccCol(lane, 0);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           atomicAdd(dst + j * 8, dq[j][2 * half] * p.scale);
@@ -241,9 +243,9 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
   const int64_t kv_acc_stride = static_cast<int64_t>(p.num_heads_kv) * D;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t key = key0 + kw * 16 + g + half * 8;
+    const int64_t key = key0 + kw * 16 + AccRow(lane, 2 * half);
     if (key >= geo.num_k) continue;
-    const int64_t at = key * kv_acc_stride + kv_head * D + dw * 64 + 2 * t;
+    const int64_t at = key * kv_acc_stride + kv_head * D + dw * 64 + AccCol(lane, 0);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       atomicAdd(item.dk_acc + at + j * 8, dk[j][2 * half] * p.scale);

@@ -23,6 +23,7 @@
 
 #include "common/status_macros.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/fragment_layout.h"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/tiling.h"
@@ -93,10 +94,11 @@ __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int g = lane / 4;  // C-fragment row within the warp's 16
-  const int t = lane % 4;  // C-fragment column pair
-  // This lane's two rows (item-relative) and the keys each may see.
-  int64_t row[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
+  // ldmatrix row addresses (fragment_layout.h), fixed for the whole CTA.
+  const LaneRowCol q_lane = LdmRowMajorA(lane), k_lane = LdmBPair(lane),
+                   v_lane = LdmTransBPair(lane);
+  // This lane's two accumulator rows (item-relative) and the keys each may see.
+  const int64_t row[2] = {row0 + warp * 16 + AccRow(lane, 0), row0 + warp * 16 + AccRow(lane, 2)};
   int64_t lo[2], hi[2];
   for (int r = 0; r < 2; ++r) {
     RowKeyRange(geo.type, geo.offset, geo.window, geo.num_k, row[r], &lo[r], &hi[r]);
@@ -128,12 +130,11 @@ __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[4];
-      device::LdMatrixX4(a, q_s + (warp * 16 + lane % 16) * kS + kk * 16 + (lane / 16) * 8);
+      device::LdMatrixX4(a, q_s + (warp * 16 + q_lane.row) * kS + kk * 16 + q_lane.col);
 #pragma unroll
       for (int j = 0; j < kBK / 8; j += 2) {
         uint32_t b[4];
-        device::LdMatrixX4(b, kt + (j * 8 + lane % 8 + (lane / 16) * 8) * kS + kk * 16 +
-                                  ((lane / 8) % 2) * 8);
+        device::LdMatrixX4(b, kt + (j * 8 + k_lane.row) * kS + kk * 16 + k_lane.col);
         E::Mma(s[j], a, b);
         E::Mma(s[j + 1], a, b + 2);
       }
@@ -147,7 +148,7 @@ __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
       for (int e = 0; e < 4; ++e) {
         float x = s[j][e] * p.scale_log2;
         if (!interior) {
-          const int64_t key = kb + j * 8 + 2 * t + (e & 1);
+          const int64_t key = kb + j * 8 + AccCol(lane, e);
           const int r = e / 2;
           if (key < lo[r] || key >= hi[r]) x = -INFINITY;
         }
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
 #pragma unroll
       for (int j = 0; j < D / 8; j += 2) {
         uint32_t b[4];
-        device::LdMatrixX4Trans(b, vt + (kk * 16 + lane % 16) * kS + (j + lane / 16) * 8);
+        device::LdMatrixX4Trans(b, vt + (kk * 16 + v_lane.row) * kS + j * 8 + v_lane.col);
         E::Mma(o[j], a, b);
         E::Mma(o[j + 1], a, b + 2);
       }
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
     }
     weight_b[r] = sum > 0.f ? weight_b[r] / sum : 0.f;  // folds the 1/rowsum normalisation
   }
-  __syncwarp();  // every lane of the quad has read LSE_a before lane t == 0 writes it
+  __syncwarp();  // every lane of the quad has read LSE_a before its first lane writes it
   const int64_t o_stride = static_cast<int64_t>(p.num_heads_q) * D;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -237,12 +238,12 @@ __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
     float* o_row = item.o_acc + row[r] * o_stride + head * D;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      float2* dst = reinterpret_cast<float2*>(o_row + j * 8 + 2 * t);
+      float2* dst = reinterpret_cast<float2*>(o_row + j * 8 + AccCol(lane, 0));
       const float2 old = *dst;
       *dst = make_float2(weight_a[r] * old.x + weight_b[r] * o[j][2 * r],
                          weight_a[r] * old.y + weight_b[r] * o[j][2 * r + 1]);
     }
-    if (t == 0) item.lse_acc[head * lse_stride + row[r]] = merged_lse[r];
+    if (AccCol(lane, 0) == 0) item.lse_acc[head * lse_stride + row[r]] = merged_lse[r];
   }
 }
 
