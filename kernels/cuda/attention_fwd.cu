@@ -31,18 +31,31 @@
 namespace hsap::kernels::cuda {
 namespace {
 
-constexpr int kFwdBlockQ = 64;
 constexpr int kFwdWarps = 4;
 constexpr int kFwdThreads = kFwdWarps * 32;
 
-// Compile-time tile choices per head dim: smaller key blocks for D = 256 keep
-// the S registers and the K/V double buffer within budget.
+// Compile-time tile choices per head dim. Each warp owns kMTiles 16-row
+// m-tiles, so every K/V fragment it loads from shared memory feeds kMTiles
+// mma's (2 for D <= 128, as FlashAttention-2's 128-row blocks; 1 for D = 256,
+// where O alone takes 128 registers). Smaller key blocks for D = 256 keep the
+// S registers and the K/V double buffer within budget.
 template <int D>
 struct FwdTraits {
+  static constexpr int kMTiles = D <= 128 ? 2 : 1;
+  static constexpr int kBlockQ = kFwdWarps * 16 * kMTiles;
   static constexpr int kBlockK = D <= 128 ? 64 : 32;
   static constexpr int kSmemStride = D + 8;  // +16 bytes: conflict-free ldmatrix rows
-  static constexpr int kSmemBytes = (kFwdBlockQ + 4 * kBlockK) * kSmemStride * 2;
+  static constexpr int kSmemBytes = (kBlockQ + 4 * kBlockK) * kSmemStride * 2;
 };
+
+// The query rows per forward tile for head dim D (the tile table's block).
+int ForwardBlockQ(int head_dim) {
+  switch (head_dim) {
+    case 64: return FwdTraits<64>::kBlockQ;
+    case 128: return FwdTraits<128>::kBlockQ;
+    default: return FwdTraits<256>::kBlockQ;
+  }
+}
 
 struct FwdParams {
   const FwdWorkItem* items;  // strides already resolved (non-zero)
@@ -56,11 +69,13 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
   using Traits = FwdTraits<D>;
   using E = device::ElementTraits<T>;
+  constexpr int kBQ = Traits::kBlockQ;
   constexpr int kBK = Traits::kBlockK;
+  constexpr int kMT = Traits::kMTiles;
   constexpr int kS = Traits::kSmemStride;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* q_s = reinterpret_cast<T*>(smem_raw);  // [kFwdBlockQ][kS]
-  T* k_s = q_s + kFwdBlockQ * kS;           // [2][kBK][kS]
+  T* q_s = reinterpret_cast<T*>(smem_raw);  // [kBQ][kS]
+  T* k_s = q_s + kBQ * kS;                  // [2][kBK][kS]
   T* v_s = k_s + 2 * kBK * kS;              // [2][kBK][kS]
 
   const TileRef tile = p.tiles[blockIdx.x];
@@ -68,9 +83,9 @@ __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
   const int head = blockIdx.y;
   const int kv_head = head / p.group;
   const SliceGeometry geo{item.num_q, item.num_k, item.type, item.offset, item.window};
-  const int64_t row0 = static_cast<int64_t>(tile.block) * kFwdBlockQ;
+  const int64_t row0 = static_cast<int64_t>(tile.block) * kBQ;
   int64_t key_begin, key_end;
-  QBlockKeyRange(geo, row0, row0 + kFwdBlockQ, &key_begin, &key_end);
+  QBlockKeyRange(geo, row0, row0 + kBQ, &key_begin, &key_end);
   if (key_begin >= key_end) return;  // BuildForwardTiles leaves these out
 
   const int64_t q_stride = item.q_row_stride;
@@ -81,7 +96,7 @@ __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
   const int64_t num_keys = key_end - key_begin;
   const int num_blocks = static_cast<int>(CeilBlocks(num_keys, kBK));
 
-  device::LoadTileAsync<T, kFwdBlockQ, D, kS, kFwdThreads>(q_s, q, q_stride, item.num_q - row0);
+  device::LoadTileAsync<T, kBQ, D, kS, kFwdThreads>(q_s, q, q_stride, item.num_q - row0);
   auto load_kv = [&](int n, int buf) {
     const int64_t first = static_cast<int64_t>(n) * kBK;
     device::LoadTileAsync<T, kBK, D, kS, kFwdThreads>(k_s + buf * kBK * kS, k + first * kv_stride,
@@ -97,19 +112,18 @@ __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
   // ldmatrix row addresses (fragment_layout.h), fixed for the whole CTA.
   const LaneRowCol q_lane = LdmRowMajorA(lane), k_lane = LdmBPair(lane),
                    v_lane = LdmTransBPair(lane);
-  // This lane's two accumulator rows (item-relative) and the keys each may see.
-  const int64_t row[2] = {row0 + warp * 16 + AccRow(lane, 0), row0 + warp * 16 + AccRow(lane, 2)};
-  int64_t lo[2], hi[2];
-  for (int r = 0; r < 2; ++r) {
-    RowKeyRange(geo.type, geo.offset, geo.window, geo.num_k, row[r], &lo[r], &hi[r]);
-  }
-  const int64_t rows_valid_end = row0 + kFwdBlockQ < geo.num_q ? row0 + kFwdBlockQ : geo.num_q;
+  const int warp_row0 = warp * 16 * kMT;  // first block row of this warp
+  const int64_t rows_valid_end = row0 + kBQ < geo.num_q ? row0 + kBQ : geo.num_q;
 
-  float o[D / 8][4];
+  float o[kMT][D / 8][4];
+  float row_max[kMT][2], row_sum[kMT][2];  // row_sum: this lane's share, summed at the end
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};  // this lane's share; summed over the quad at the end
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
 
   for (int n = 0; n < num_blocks; ++n) {
     if (n + 1 < num_blocks) {
@@ -123,127 +137,186 @@ __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
     const T* kt = k_s + (n & 1) * kBK * kS;
     const T* vt = v_s + (n & 1) * kBK * kS;
 
-    // S = Q·K^T for this warp's 16 rows and the block's kBK keys.
-    float s[kBK / 8][4];
+    // S = Q·K^T for this warp's rows and the block's kBK keys; each K
+    // fragment feeds all kMT m-tiles.
+    float s[kMT][kBK / 8][4];
 #pragma unroll
-    for (int j = 0; j < kBK / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int j = 0; j < kBK / 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+    }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      device::LdMatrixX4(a, q_s + (warp * 16 + q_lane.row) * kS + kk * 16 + q_lane.col);
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        device::LdMatrixX4(a[mt],
+                           q_s + (warp_row0 + mt * 16 + q_lane.row) * kS + kk * 16 + q_lane.col);
+      }
 #pragma unroll
       for (int j = 0; j < kBK / 8; j += 2) {
         uint32_t b[4];
         device::LdMatrixX4(b, kt + (j * 8 + k_lane.row) * kS + kk * 16 + k_lane.col);
-        E::Mma(s[j], a, b);
-        E::Mma(s[j + 1], a, b + 2);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          E::Mma(s[mt][j], a[mt], b);
+          E::Mma(s[mt][j + 1], a[mt], b + 2);
+        }
       }
     }
 
     const int64_t kb = key_begin + static_cast<int64_t>(n) * kBK;
     const bool interior = BlockIsInterior(geo, row0, rows_valid_end, kb, kb + kBK);
 #pragma unroll
-    for (int j = 0; j < kBK / 8; ++j) {
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[j][e] * p.scale_log2;
-        if (!interior) {
-          const int64_t key = kb + j * 8 + AccCol(lane, e);
-          const int r = e / 2;
-          if (key < lo[r] || key >= hi[r]) x = -INFINITY;
+      for (int j = 0; j < kBK / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][j][e] *= p.scale_log2;
+      }
+    }
+    if (!interior) {
+      // Edge block: keep the keys [lo, hi) each of this lane's rows may see
+      // (recomputed here rather than held in registers across the loop).
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          int64_t lo, hi;
+          RowKeyRange(geo.type, geo.offset, geo.window, geo.num_k,
+                      row0 + warp_row0 + mt * 16 + AccRow(lane, 2 * r), &lo, &hi);
+#pragma unroll
+          for (int j = 0; j < kBK / 8; ++j) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int64_t key = kb + j * 8 + AccCol(lane, c);
+              if (key < lo || key >= hi) s[mt][j][2 * r + c] = -INFINITY;
+            }
+          }
         }
-        s[j][e] = x;
       }
     }
 
     // Online softmax: new running max, rescale O and the row sums by α.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float block_max = -INFINITY;
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-      for (int j = 0; j < kBK / 8; ++j) {
-        block_max = fmaxf(block_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      }
-      block_max = device::QuadMax(block_max);
-      const float new_max = fmaxf(row_max[r], block_max);
-      const float subtrahend = new_max == -INFINITY ? 0.f : new_max;
-      const float alpha = exp2f(row_max[r] - subtrahend);  // 0 when nothing seen yet
-      row_max[r] = new_max;
-      float sum = 0.f;
+      for (int r = 0; r < 2; ++r) {
+        float block_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kBK / 8; ++j) {
-        s[j][2 * r] = exp2f(s[j][2 * r] - subtrahend);
-        s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - subtrahend);
-        sum += s[j][2 * r] + s[j][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha + sum;
+        for (int j = 0; j < kBK / 8; ++j) {
+          block_max = fmaxf(block_max, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+        }
+        block_max = device::QuadMax(block_max);
+        const float new_max = fmaxf(row_max[mt][r], block_max);
+        const float subtrahend = new_max == -INFINITY ? 0.f : new_max;
+        const float alpha = exp2f(row_max[mt][r] - subtrahend);  // 0 when nothing seen yet
+        row_max[mt][r] = new_max;
+        float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[j][2 * r] *= alpha;
-        o[j][2 * r + 1] *= alpha;
+        for (int j = 0; j < kBK / 8; ++j) {
+          s[mt][j][2 * r] = exp2f(s[mt][j][2 * r] - subtrahend);
+          s[mt][j][2 * r + 1] = exp2f(s[mt][j][2 * r + 1] - subtrahend);
+          sum += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
+        }
+        row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          o[mt][j][2 * r] *= alpha;
+          o[mt][j][2 * r + 1] *= alpha;
+        }
       }
     }
 
-    // O += P·V: two S n8 tiles form one A fragment over 16 keys.
+    // O += P·V: two S n8 tiles form one A fragment over 16 keys; each V
+    // fragment feeds all kMT m-tiles.
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
-      const uint32_t a[4] = {E::Pack(s[2 * kk][0], s[2 * kk][1]),
-                             E::Pack(s[2 * kk][2], s[2 * kk][3]),
-                             E::Pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             E::Pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = E::Pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = E::Pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = E::Pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = E::Pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int j = 0; j < D / 8; j += 2) {
         uint32_t b[4];
         device::LdMatrixX4Trans(b, vt + (kk * 16 + v_lane.row) * kS + j * 8 + v_lane.col);
-        E::Mma(o[j], a, b);
-        E::Mma(o[j + 1], a, b + 2);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          E::Mma(o[mt][j], a[mt], b);
+          E::Mma(o[mt][j + 1], a[mt], b + 2);
+        }
       }
     }
     __syncthreads();  // the next iteration's prefetch overwrites this buffer
   }
 
   // Merge (O_b, LSE_b) of this tile into the accumulators (O_a, LSE_a).
-  float weight_a[2], weight_b[2], merged_lse[2];
-  bool write[2];
+  float weight_a[kMT][2], weight_b[kMT][2], merged_lse[kMT][2];
+  bool write[kMT][2];
+  int64_t row[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    row[mt][0] = row0 + warp_row0 + mt * 16 + AccRow(lane, 0);
+    row[mt][1] = row0 + warp_row0 + mt * 16 + AccRow(lane, 2);
+  }
   const int64_t lse_stride = item.lse_stride;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float sum = device::QuadSum(row_sum[r]);
-    const bool in_item = row[r] < geo.num_q;
-    const float lse_b = sum > 0.f ? row_max[r] * 0.69314718055994531f + logf(sum) : -INFINITY;
-    const float lse_a = in_item ? item.lse_acc[head * lse_stride + row[r]] : -INFINITY;
-    write[r] = in_item && lse_b != -INFINITY;
-    if (lse_a == -INFINITY) {
-      weight_a[r] = 0.f;
-      weight_b[r] = 1.f;
-      merged_lse[r] = lse_b;
-    } else if (lse_b == -INFINITY) {
-      weight_a[r] = 1.f;
-      weight_b[r] = 0.f;
-      merged_lse[r] = lse_a;
-    } else {
-      const float m = fmaxf(lse_a, lse_b);
-      const float ea = expf(lse_a - m), eb = expf(lse_b - m);
-      weight_a[r] = ea / (ea + eb);
-      weight_b[r] = eb / (ea + eb);
-      merged_lse[r] = m + logf(ea + eb);
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float sum = device::QuadSum(row_sum[mt][r]);
+      const bool in_item = row[mt][r] < geo.num_q;
+      const float lse_b =
+          sum > 0.f ? row_max[mt][r] * 0.69314718055994531f + logf(sum) : -INFINITY;
+      const float lse_a = in_item ? item.lse_acc[head * lse_stride + row[mt][r]] : -INFINITY;
+      write[mt][r] = in_item && lse_b != -INFINITY;
+      float wa, wb, lse;
+      if (lse_a == -INFINITY) {
+        wa = 0.f;
+        wb = 1.f;
+        lse = lse_b;
+      } else if (lse_b == -INFINITY) {
+        wa = 1.f;
+        wb = 0.f;
+        lse = lse_a;
+      } else {
+        const float m = fmaxf(lse_a, lse_b);
+        const float ea = expf(lse_a - m), eb = expf(lse_b - m);
+        wa = ea / (ea + eb);
+        wb = eb / (ea + eb);
+        lse = m + logf(ea + eb);
+      }
+      weight_a[mt][r] = wa;
+      weight_b[mt][r] = sum > 0.f ? wb / sum : 0.f;  // folds the 1/rowsum normalisation
+      merged_lse[mt][r] = lse;
     }
-    weight_b[r] = sum > 0.f ? weight_b[r] / sum : 0.f;  // folds the 1/rowsum normalisation
   }
   __syncwarp();  // every lane of the quad has read LSE_a before its first lane writes it
   const int64_t o_stride = static_cast<int64_t>(p.num_heads_q) * D;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (!write[r]) continue;
-    float* o_row = item.o_acc + row[r] * o_stride + head * D;
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      float2* dst = reinterpret_cast<float2*>(o_row + j * 8 + AccCol(lane, 0));
-      const float2 old = *dst;
-      *dst = make_float2(weight_a[r] * old.x + weight_b[r] * o[j][2 * r],
-                         weight_a[r] * old.y + weight_b[r] * o[j][2 * r + 1]);
+    for (int r = 0; r < 2; ++r) {
+      if (!write[mt][r]) continue;
+      float* o_row = item.o_acc + row[mt][r] * o_stride + head * D;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        float2* dst = reinterpret_cast<float2*>(o_row + j * 8 + AccCol(lane, 0));
+        float2 merged = make_float2(weight_b[mt][r] * o[mt][j][2 * r],
+                                    weight_b[mt][r] * o[mt][j][2 * r + 1]);
+        if (weight_a[mt][r] != 0.f) {  // the first item of a row never reads its zeros
+          const float2 old = *dst;
+          merged.x += weight_a[mt][r] * old.x;
+          merged.y += weight_a[mt][r] * old.y;
+        }
+        *dst = merged;
+      }
+      if (AccCol(lane, 0) == 0) item.lse_acc[head * lse_stride + row[mt][r]] = merged_lse[mt][r];
     }
-    if (AccCol(lane, 0) == 0) item.lse_acc[head * lse_stride + row[r]] = merged_lse[r];
   }
 }
 
@@ -282,7 +355,8 @@ absl::Status Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> 
     FwdWorkItem& it = resolved[i];
     if (it.q_row_stride == 0) it.q_row_stride = static_cast<int64_t>(shape.num_heads_q) * D;
     if (it.kv_row_stride == 0) it.kv_row_stride = static_cast<int64_t>(shape.num_heads_kv) * D;
-    if (it.num_q < 0 || it.num_k < 0 || it.num_q > (int64_t{1} << 30) * kFwdBlockQ) {
+    if (it.num_q < 0 || it.num_k < 0 || it.num_q >= (int64_t{1} << 31) - 1024 ||
+        it.num_k >= (int64_t{1} << 31) - 1024) {
       return absl::InvalidArgumentError(absl::StrCat("items[", i, "].num_q/num_k: ", it.num_q,
                                                      "/", it.num_k));
     }
@@ -324,7 +398,7 @@ absl::Status Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> 
       if (wave_of[i] == w) ids.push_back(static_cast<int32_t>(i));
     }
     wave_begin.push_back(tiles.size());
-    const std::vector<TileRef> wave_tiles = BuildForwardTiles(geometry, ids, kFwdBlockQ);
+    const std::vector<TileRef> wave_tiles = BuildForwardTiles(geometry, ids, ForwardBlockQ(D));
     tiles.insert(tiles.end(), wave_tiles.begin(), wave_tiles.end());
   }
   wave_begin.push_back(tiles.size());

@@ -176,8 +176,9 @@ TEST(TilingTest, KernelLoopsComputeEveryAllowedPairExactlyOnce) {
   int64_t pairs = 0;
   for (int n = 0; n < kCases; ++n) {
     const SliceGeometry g = DrawGeometry(&rng);
-    const int64_t block_k = n % 2 == 0 ? 64 : 32;  // the forward's D <= 128 / D = 256 choice
-    const std::vector<int> fwd = EmulateForward(g, 64, block_k);
+    // The forward's tiles: 128 x 64 for D <= 128, 64 x 32 for D = 256.
+    const bool large = n % 2 == 0;
+    const std::vector<int> fwd = EmulateForward(g, large ? 128 : 64, large ? 64 : 32);
     const std::vector<int> bwd = EmulateBackward(g, 64, 64);
     for (int64_t r = 0; r < g.num_q; ++r) {
       for (int64_t c = 0; c < g.num_k; ++c) {
