@@ -6,9 +6,15 @@
 // w = (key group kw = w % 4, column slice dw = w / 4):
 //   A  S^T = K·Q^T, dP^T = V·dO^T      warp: keys 16kw.., rows slice dw
 //      P^T = exp2(S^T - LSE), dS^T = P^T∘(dP^T - Δ), mask on edge blocks only
-//      P^T, dS^T -> shared memory (16-bit)
+//      P^T and dS^T as hi + lo 16-bit pairs -> shared memory
 //   B  dV += P^T·dO, dK += dS^T·Q      warp: keys 16kw.., columns 64dw.. (registers)
 //   C  dQ += dS·K                      warp: rows 16kw.., columns 64dw.. -> fp32 atomicAdd
+// dS is stored as hi = round16(dS) plus lo = round16(dS - hi), and both
+// halves enter the dK and dQ products (two mma's each): dS sums terms that
+// cancel (its rows sum to zero), so rounding it to 16 bits alone costs up to
+// ~2.7x the output rounding error in a CPU model, past the 2x the tests
+// demand; with the split, dQ/dK are as accurate as fp32 dS would make them.
+// P is rounded once (as in the forward), which stays under ~1.7x for dV.
 // At the end dK (times softmax_scale) and dV are atomically added to the fp32
 // accumulators: query heads of one KV head, and items sharing key rows, add
 // into the same rows.
@@ -44,7 +50,7 @@ struct BwdTraits {
   static constexpr int kS = D + 8;                          // K, V, Q, dO smem row stride
   static constexpr int kPS = kBwdBlockQ + 8;                // P^T, dS^T smem row stride
   static constexpr int kSmemBytes = (2 * kBwdBlockK + 2 * kBwdBlockQ) * kS * 2 +
-                                    2 * kBwdBlockK * kPS * 2 + 2 * kBwdBlockQ * 4;
+                                    3 * kBwdBlockK * kPS * 2 + 2 * kBwdBlockQ * 4;
 };
 
 struct BwdParams {
@@ -71,8 +77,9 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
   T* q_s = v_s + kBwdBlockK * kS;           // [kBwdBlockQ][kS]
   T* do_s = q_s + kBwdBlockQ * kS;          // [kBwdBlockQ][kS]
   T* pt_s = do_s + kBwdBlockQ * kS;         // [kBwdBlockK][kPS]  P^T
-  T* dst_s = pt_s + kBwdBlockK * kPS;       // [kBwdBlockK][kPS]  dS^T
-  float* lse_s = reinterpret_cast<float*>(dst_s + kBwdBlockK * kPS);  // [kBwdBlockQ], log2 domain
+  T* dst_s = pt_s + kBwdBlockK * kPS;       // [kBwdBlockK][kPS]  dS^T, rounded (hi)
+  T* dsl_s = dst_s + kBwdBlockK * kPS;      // [kBwdBlockK][kPS]  dS^T - hi (lo)
+  float* lse_s = reinterpret_cast<float*>(dsl_s + kBwdBlockK * kPS);  // [kBwdBlockQ], log2 domain
   float* delta_s = lse_s + kBwdBlockQ;                                 // [kBwdBlockQ]
 
   const TileRef tile = p.tiles[blockIdx.x];
@@ -177,12 +184,15 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
         const int key_lo = kw * 16 + AccRow(lane, 0), key_hi = kw * 16 + AccRow(lane, 2);
         uint32_t* pt_lo = reinterpret_cast<uint32_t*>(pt_s + key_lo * kPS + col);
         uint32_t* pt_hi = reinterpret_cast<uint32_t*>(pt_s + key_hi * kPS + col);
-        uint32_t* ds_lo = reinterpret_cast<uint32_t*>(dst_s + key_lo * kPS + col);
-        uint32_t* ds_hi = reinterpret_cast<uint32_t*>(dst_s + key_hi * kPS + col);
         *pt_lo = E::Pack(st[j][0], st[j][1]);
         *pt_hi = E::Pack(st[j][2], st[j][3]);
-        *ds_lo = E::Pack(dpt[j][0], dpt[j][1]);
-        *ds_hi = E::Pack(dpt[j][2], dpt[j][3]);
+        const float* ds = dpt[j];
+        *reinterpret_cast<uint32_t*>(dst_s + key_lo * kPS + col) = E::Pack(ds[0], ds[1]);
+        *reinterpret_cast<uint32_t*>(dst_s + key_hi * kPS + col) = E::Pack(ds[2], ds[3]);
+        *reinterpret_cast<uint32_t*>(dsl_s + key_lo * kPS + col) =
+            E::Pack(ds[0] - E::Round(ds[0]), ds[1] - E::Round(ds[1]));
+        *reinterpret_cast<uint32_t*>(dsl_s + key_hi * kPS + col) =
+            E::Pack(ds[2] - E::Round(ds[2]), ds[3] - E::Round(ds[3]));
       }
     }
     __syncthreads();
@@ -190,10 +200,11 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
     // Step B: dV += P^T·dO, dK += dS^T·Q over the block's 64 rows.
 #pragma unroll
     for (int kk = 0; kk < kBwdBlockQ / 16; ++kk) {
-      uint32_t a_p[4], a_ds[4];
+      uint32_t a_p[4], a_ds[4], a_dsl[4];
       const int a_off = (kw * 16 + a_lane.row) * kPS + kk * 16 + a_lane.col;
       device::LdMatrixX4(a_p, pt_s + a_off);
       device::LdMatrixX4(a_ds, dst_s + a_off);
+      device::LdMatrixX4(a_dsl, dsl_s + a_off);
 #pragma unroll
       for (int j = 0; j < 8; j += 2) {
         const int b_off = (kk * 16 + bt_lane.row) * kS + dw * 64 + j * 8 + bt_lane.col;
@@ -204,6 +215,8 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
         device::LdMatrixX4Trans(b, q_s + b_off);
         E::Mma(dk[j], a_ds, b);
         E::Mma(dk[j + 1], a_ds, b + 2);
+        E::Mma(dk[j], a_dsl, b);
+        E::Mma(dk[j + 1], a_dsl, b + 2);
       }
     }
 
@@ -214,14 +227,18 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
       for (int j = 0; j < 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < kBwdBlockK / 16; ++kk) {
-        uint32_t a[4];
-        device::LdMatrixX4Trans(a, dst_s + (kk * 16 + at_lane.row) * kPS + kw * 16 + at_lane.col);
+        uint32_t a[4], a_lo[4];
+        const int a_off = (kk * 16 + at_lane.row) * kPS + kw * 16 + at_lane.col;
+        device::LdMatrixX4Trans(a, dst_s + a_off);
+        device::LdMatrixX4Trans(a_lo, dsl_s + a_off);
 #pragma unroll
         for (int j = 0; j < 8; j += 2) {
           uint32_t b[4];
           device::LdMatrixX4Trans(b, k_s + (kk * 16 + bt_lane.row) * kS + dw * 64 + j * 8 + bt_lane.col);
           E::Mma(dq[j], a, b);
           E::Mma(dq[j + 1], a, b + 2);
+          E::Mma(dq[j], a_lo, b);
+          E::Mma(dq[j + 1], a_lo, b + 2);
         }
       }
       const int64_t dq_stride = static_cast<int64_t>(p.num_heads_q) * D;

@@ -35,6 +35,8 @@ struct ElementTraits<__nv_bfloat16> {
   static __device__ __forceinline__ __nv_bfloat16 FromFloat(float x) {
     return __float2bfloat16_rn(x);
   }
+  // x rounded to bf16 and back.
+  static __device__ __forceinline__ float Round(float x) { return ToFloat(FromFloat(x)); }
   // c += a * b
   static __device__ __forceinline__ void Mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     asm volatile(
@@ -53,6 +55,7 @@ struct ElementTraits<__half> {
   }
   static __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half FromFloat(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ float Round(float x) { return ToFloat(FromFloat(x)); }
   static __device__ __forceinline__ void Mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
