@@ -6,8 +6,8 @@
 #
 # builds, here, the test binaries of //tests/gpu, //kernels/cuda and
 # //server/gpu (gpu-tagged ones included) and kernel_bench, and copies them
-# into DIR/tests and DIR with every shared library they load except glibc's
-# and the CUDA driver's (DIR/lib). Then, on the GPU machine (list DIR in
+# into DIR/tests and DIR with every shared library they load except glibc's,
+# the CUDA driver's and NCCL (DIR/lib; about 18 MB in all). Then, on the GPU machine (list DIR in
 # .git/info/exclude here and name it in the run's carry):
 #
 #   HSAP_PREBUILT=DIR tests/gpu/device_check.sh
@@ -26,7 +26,9 @@ copy_with_libs() {  # binary destination
   chmod u+w "$2"
   ldd "$1" | awk '/=> \//{print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
-      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*) ;;
+      # glibc and the driver come from the machine; so does NCCL (218 MB,
+      # over the 64 MiB a run carries): device_check.sh finds PyTorch's.
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libnccl.so*) ;;
       *) cp -Ln "$lib" "$DIR/lib/" 2>/dev/null || true ;;
     esac
   done
