@@ -422,8 +422,33 @@ grpc::Status Cluster::OnHeartbeat(const v1::HeartbeatRequest& request,
   return grpc::Status::OK;
 }
 
+// Checks the fields every per-call peer request carries: the sender is
+// another member, the group is named. INVALID_ARGUMENT names the field;
+// UNAVAILABLE before Start (no membership yet).
+absl::Status Cluster::ValidateCallRequest(int32_t node_rank, const std::string& group) const {
+  int32_t self, n;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!started_) return absl::UnavailableError("not started");
+    self = options_.node_rank;
+    n = static_cast<int32_t>(peers_.size());
+  }
+  if (node_rank < 0 || node_rank >= n || node_rank == self) {
+    return absl::InvalidArgumentError(absl::StrCat("node_rank ", node_rank,
+                                                   " is not another node of the ", n,
+                                                   "-node cluster (this is node ", self, ")"));
+  }
+  if (group.empty()) return absl::InvalidArgumentError("group: empty");
+  return absl::OkStatus();
+}
+
 grpc::Status Cluster::OnAgreePlan(const v1::AgreePlanRequest& request,
                                   v1::AgreePlanResponse* response) {
+  absl::Status valid = ValidateCallRequest(request.node_rank(), request.group());
+  if (valid.ok() && request.plan_key().empty()) {
+    valid = absl::InvalidArgumentError("plan_key: empty");
+  }
+  if (!valid.ok()) return ToGrpc(valid);
   const CallKey call{request.group(), request.call_seq(), request.backward()};
   const std::string mine = agreement_.OnRemote(call, request.node_rank(), request.plan_key());
   response->set_agreed(mine == request.plan_key());
@@ -432,6 +457,13 @@ grpc::Status Cluster::OnAgreePlan(const v1::AgreePlanRequest& request,
 }
 
 grpc::Status Cluster::OnAbortCall(const v1::AbortCallRequest& request) {
+  const absl::Status valid = ValidateCallRequest(request.node_rank(), request.group());
+  if (!valid.ok()) return ToGrpc(valid);
+  ApplyAbort(request);
+  return grpc::Status::OK;
+}
+
+void Cluster::ApplyAbort(const v1::AbortCallRequest& request) {
   absl::Status reason(static_cast<absl::StatusCode>(request.code()),
                       absl::StrCat("node ", request.node_rank(), ": ", request.message()));
   if (reason.ok()) reason = absl::AbortedError(absl::StrCat("aborted by node ", request.node_rank()));
@@ -446,7 +478,6 @@ grpc::Status Cluster::OnAbortCall(const v1::AbortCallRequest& request) {
     callbacks = call_callbacks_;
   }
   for (auto& cb : callbacks) cb(request.group(), request.call_seq(), reason);
-  return grpc::Status::OK;
 }
 
 void Cluster::AbortCall(const std::string& group, uint64_t call_seq, const absl::Status& reason) {
@@ -465,7 +496,7 @@ void Cluster::AbortCall(const std::string& group, uint64_t call_seq, const absl:
       if (p->stub != nullptr && p->state != NodeState::kDown) stubs.push_back(p->stub.get());
     }
   }
-  OnAbortCall(request).ok();
+  ApplyAbort(request);
   for (v1::Peer::Stub* stub : stubs) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout));

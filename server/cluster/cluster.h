@@ -145,6 +145,10 @@ class Cluster {
   grpc::Status OnHeartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
   grpc::Status OnAgreePlan(const v1::AgreePlanRequest& request, v1::AgreePlanResponse* response);
   grpc::Status OnAbortCall(const v1::AbortCallRequest& request);
+  // Per-call peer requests: node_rank another member, group non-empty.
+  absl::Status ValidateCallRequest(int32_t node_rank, const std::string& group) const;
+  // Records an abort (ours or a peer's) and runs the call-abort callbacks.
+  void ApplyAbort(const v1::AbortCallRequest& request);
 
   void HeartbeatLoop();
   void TickPeer(int32_t node);

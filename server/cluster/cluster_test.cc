@@ -182,10 +182,50 @@ TEST_F(ClusterTest, FormsAgreesLosesANodeAndReforms) {
     EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("not confirmed: 1, 2"));
   }
-  // AbortCall reaches the others' callbacks.
+  // AbortCall reaches the others' callbacks, and its own.
   nodes_[0].cluster->AbortCall("g", 4, absl::AbortedError("kernel failed"));
   EXPECT_TRUE(Eventually([&] { return nodes_[1].call_aborts > 0 && nodes_[2].call_aborts > 0; },
                          absl::Seconds(2)));
+  EXPECT_GT(nodes_[0].call_aborts, 0);
+
+  // Per-call peer requests with bad fields are refused, naming the field.
+  {
+    auto stub = v1::Peer::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", nodes_[0].port),
+                                                      grpc::InsecureChannelCredentials()));
+    struct Case {
+      int32_t node_rank;
+      std::string group;
+      std::string plan_key;
+      std::string field;
+    };
+    const Case cases[] = {{1, "g", "", "plan_key"},   {1, "", "k", "group"},
+                          {0, "g", "k", "node_rank"}, {3, "g", "k", "node_rank"},
+                          {-1, "g", "k", "node_rank"}};
+    const int aborts_before = nodes_[0].call_aborts;
+    for (const Case& c : cases) {
+      v1::AgreePlanRequest agree;
+      agree.set_node_rank(c.node_rank);
+      agree.set_group(c.group);
+      agree.set_call_seq(9);
+      agree.set_plan_key(c.plan_key);
+      v1::AgreePlanResponse agreed;
+      grpc::ClientContext ctx1;
+      const grpc::Status s1 = stub->AgreePlan(&ctx1, agree, &agreed);
+      EXPECT_EQ(s1.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
+      EXPECT_THAT(s1.error_message(), HasSubstr(c.field));
+      if (c.field == "plan_key") continue;  // AbortCall carries no plan key
+      v1::AbortCallRequest abort;
+      abort.set_node_rank(c.node_rank);
+      abort.set_group(c.group);
+      abort.set_call_seq(9);
+      v1::AbortCallResponse aborted;
+      grpc::ClientContext ctx2;
+      const grpc::Status s2 = stub->AbortCall(&ctx2, abort, &aborted);
+      EXPECT_EQ(s2.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
+      EXPECT_THAT(s2.error_message(), HasSubstr(c.field));
+    }
+    EXPECT_EQ(nodes_[0].call_aborts, aborts_before);  // nothing was aborted
+  }
 
   // Node 2 goes away.
   const uint64_t epoch_before = nodes_[0].cluster->epoch();

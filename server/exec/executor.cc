@@ -23,6 +23,7 @@ using plan::Payload;
 using plan::RowSpace;
 using plan::Stage;
 using plan::Transfer;
+using plan::SharedList;
 using plan::WorkItem;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -87,16 +88,16 @@ class RankRun {
 
   // One grouped exchange: packs `sends`, posts them with `recvs`, runs
   // `overlap`, waits, lands what did not arrive in place.
-  absl::Status Exchange(uint64_t tag, const std::vector<Transfer>& sends,
-                        const std::vector<Transfer>& recvs, const std::function<void()>& overlap);
+  absl::Status Exchange(uint64_t tag, const plan::TransferList& sends,
+                        const plan::TransferList& recvs, const std::function<void()>& overlap);
   void Pack(const Transfer& t, char* dst);
   void Unpack(const Transfer& t, const char* src);
   // A rank's own rows in a head all-to-all: pack as if sent, unpack as if
   // received (to_home: local rows -> home rows, else home -> local).
   void SelfCopy(Payload payload, bool to_home);
 
-  void RunForwardItems(const std::vector<WorkItem>& items);
-  void RunBackwardItems(const std::vector<WorkItem>& items);
+  void RunForwardItems(const SharedList<WorkItem>& items);
+  void RunBackwardItems(const SharedList<WorkItem>& items);
   void FinishForward();
   void FinishBackward();
 
@@ -495,8 +496,8 @@ void RankRun::SelfCopy(Payload payload, bool to_home) {
   Unpack(to, tmp.data());
 }
 
-absl::Status RankRun::Exchange(uint64_t tag, const std::vector<Transfer>& sends,
-                               const std::vector<Transfer>& recvs,
+absl::Status RankRun::Exchange(uint64_t tag, const plan::TransferList& sends,
+                               const plan::TransferList& recvs,
                                const std::function<void()>& overlap) {
   std::vector<transport::SendOp> send_ops;
   std::vector<transport::RecvOp> recv_ops;
@@ -536,7 +537,7 @@ absl::Status RankRun::Exchange(uint64_t tag, const std::vector<Transfer>& sends,
   return absl::OkStatus();
 }
 
-void RankRun::RunForwardItems(const std::vector<WorkItem>& items) {
+void RankRun::RunForwardItems(const SharedList<WorkItem>& items) {
   if (items.empty()) return;
   const absl::Time start = absl::Now();
   for (const WorkItem& w : items) {
@@ -569,7 +570,7 @@ void RankRun::RunForwardItems(const std::vector<WorkItem>& items) {
   stats_.compute_seconds += absl::ToDoubleSeconds(absl::Now() - start);
 }
 
-void RankRun::RunBackwardItems(const std::vector<WorkItem>& items) {
+void RankRun::RunBackwardItems(const SharedList<WorkItem>& items) {
   if (items.empty()) return;
   const absl::Time start = absl::Now();
   for (const WorkItem& w : items) {

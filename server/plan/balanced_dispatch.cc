@@ -318,13 +318,35 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
   // Equal-token pieces of a quota, 1/2, ..., 1/32 of it (coarse to fine);
   // one level past the first balanced one is enough: finer pieces only
   // scatter documents further.
+  // A level whose heaviest item alone exceeds the goal (imbalance >= max
+  // item area * P / total area) cannot be balanced: it is placed only if no
+  // level turns out balanced, when the most balanced attempt wins.
+  int64_t total_area = 0;
+  for (const Unit& u : units) total_area += u.area;
+  auto cannot_balance = [&](const std::vector<Item>& items) {
+    int64_t heaviest = 0;
+    for (const Item& it : items) heaviest = std::max(heaviest, it.area);
+    return static_cast<double>(heaviest) * ranks >
+           kBalancedImbalanceGoal * static_cast<double>(total_area);
+  };
+  std::vector<int64_t> skipped;
   int levels_after_good = -1;
   for (int level = 0; level <= 5 && levels_after_good < 1; ++level) {
     const int64_t piece = quota >> level;
     if (level > 0 && piece < 16) break;
     const std::vector<Item> items = MakeItems(slices, units, piece);
+    if (cannot_balance(items)) {
+      skipped.push_back(piece);
+      continue;
+    }
     for (double slack : {0.0, 0.04}) consider(Place(slices, units, items, total, ranks, slack));
     if (levels_after_good >= 0 || best.imbalance <= kBalancedImbalanceGoal) ++levels_after_good;
+  }
+  if (best.imbalance < 0 || best.imbalance > kBalancedImbalanceGoal) {
+    for (int64_t piece : skipped) {
+      const std::vector<Item> items = MakeItems(slices, units, piece);
+      for (double slack : {0.0, 0.04}) consider(Place(slices, units, items, total, ranks, slack));
+    }
   }
   // Nothing balanced yet: finer pieces, down to 16 tokens.
   for (int64_t piece = quota >> 6; best.imbalance > kBalancedImbalanceGoal && piece >= 16;

@@ -18,8 +18,9 @@
 // level after the first balanced attempt) and two slacks are tried; among
 // the attempts with area imbalance <= kBalancedImbalanceGoal the one whose
 // busiest rank has the least exact need (DESIGN.md §8) wins, else the most
-// balanced. Cost: O(attempts * items * log P) plus an exact-need evaluation
-// per balanced attempt.
+// balanced. A piece size whose heaviest item alone exceeds the goal is not
+// tried unless nothing else balances. Cost: O(attempts * items * log P) plus
+// an exact-need evaluation per balanced attempt.
 #ifndef HSAP_SERVER_PLAN_BALANCED_DISPATCH_H_
 #define HSAP_SERVER_PLAN_BALANCED_DISPATCH_H_
 

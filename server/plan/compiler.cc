@@ -100,81 +100,71 @@ Stage HeadStage(Payload payload, bool to_home, int32_t d, int32_t g0, int32_t U,
   return st;
 }
 
-// Scales an inner-level stage (rows, virtual peers) to rank bytes and peers.
-// `last_use`: no later rank reads `in` (its vectors are moved, not copied).
-Stage InstantiateInner(Stage& in, int32_t d, int32_t U, int32_t u, int64_t kappa,
-                       const HeadSlot& slot, const Topology& topo, bool backward,
-                       bool last_use) {
-  Stage st;
-  auto scale = [&](Transfer& t, bool is_recv, std::vector<Transfer>* out) {
-    out->emplace_back();
-    Transfer& o = out->back();
-    o.peer = t.peer * U + u;
-    o.payload = t.payload;
-    o.tier = TierOf(topo, d, o.peer);
-    o.space = t.space;
-    SetHeads(slot, &o);
-    if (last_use) {
-      o.segments = std::move(t.segments);
-    } else {
-      o.segments = t.segments;
-    }
-    o.bytes = t.bytes * kappa;
-    o.buffer_offset = is_recv ? t.buffer_offset * kappa : 0;
+// Scales an inner-level stage (rows, virtual peers) to the forward stage of
+// rank d = v * U + u (bytes and peers). Segment lists and work items are
+// shared with `in` (shared_list.h). Without head groups (U = 1) each inner
+// stage belongs to one rank and is scaled in place, its lists moved.
+Stage InstantiateForward(Stage& in, int32_t d, int32_t U, int32_t u, int64_t kappa,
+                         const HeadSlot& slot, const Topology& topo) {
+  auto scale = [&](const Transfer& t, bool is_recv, Transfer* o) {
+    o->peer = t.peer * U + u;
+    o->payload = t.payload;
+    o->tier = TierOf(topo, d, o->peer);
+    o->space = t.space;
+    SetHeads(slot, o);
+    if (o != &t) o->segments = t.segments;
+    o->bytes = t.bytes * kappa;
+    o->buffer_offset = is_recv ? t.buffer_offset * kappa : 0;
   };
-  st.sends.reserve(in.sends.size());
-  st.recvs.reserve(in.recvs.size());
-  if (backward) {
-    // The returns mirror the transfers: build them before the segments move.
-    st.return_sends.reserve(in.recvs.size());
-    st.return_recvs.reserve(in.sends.size());
-  }
-  if (backward) {
-    // Copies first (the scale below may move the segments).
-    for (const Transfer& t : in.recvs) {
-      st.return_sends.emplace_back();
-      Transfer& r = st.return_sends.back();
-      r.peer = t.peer * U + u;
-      r.payload = Payload::kGradKv;
-      r.tier = TierOf(topo, d, r.peer);
-      r.space = RowSpace::kRecv;
-      SetHeads(slot, &r);
-      r.segments = t.segments;
-      r.bytes = t.bytes * kappa;
-      r.buffer_offset = 0;
+  Stage st;
+  if (U == 1) {
+    for (bool is_recv : {false, true}) {
+      TransferList& list = is_recv ? in.recvs : in.sends;
+      if (list.empty()) continue;
+      for (Transfer& t : list.Mutable()) scale(t, is_recv, &t);
+      (is_recv ? st.recvs : st.sends) = std::move(list);
     }
-    int64_t offset = 0;
-    for (const Transfer& t : in.sends) {
-      st.return_recvs.emplace_back();
-      Transfer& r = st.return_recvs.back();
-      r.peer = t.peer * U + u;
-      r.payload = Payload::kGradKv;
-      r.tier = TierOf(topo, d, r.peer);
-      r.space = RowSpace::kHome;
-      SetHeads(slot, &r);
-      r.segments = t.segments;
-      r.bytes = t.bytes * kappa;
-      r.buffer_offset = offset;
-      offset += r.bytes;
-    }
-  }
-  for (Transfer& t : in.sends) scale(t, false, &st.sends);
-  for (Transfer& t : in.recvs) scale(t, true, &st.recvs);
-  if (last_use) {
-    st.overlap_items = std::move(in.overlap_items);
-    st.items = std::move(in.items);
   } else {
-    st.overlap_items = in.overlap_items;
-    st.items = in.items;
+    for (bool is_recv : {false, true}) {
+      const TransferList& list = is_recv ? in.recvs : in.sends;
+      if (list.empty()) continue;
+      std::vector<Transfer> out(list.size());
+      for (size_t i = 0; i < list.size(); ++i) scale(list[i], is_recv, &out[i]);
+      (is_recv ? st.recvs : st.sends) = std::move(out);
+    }
   }
+  st.overlap_items = in.overlap_items;
+  st.items = in.items;
   return st;
 }
 
-void AddBytes(const std::vector<Transfer>& ts, std::array<int64_t, kNumTiers>* out) {
+// The backward stage of a forward stage: the same transfers and items
+// (shared), then the dK/dV returns mirroring the transfers.
+Stage BackwardOf(const Stage& fwd) {
+  Stage st = fwd;
+  auto mirror = [](const TransferList& ts, RowSpace space, bool buffered) {
+    std::vector<Transfer> out(ts.size());
+    int64_t offset = 0;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      Transfer& r = out[i];
+      r = ts[i];
+      r.payload = Payload::kGradKv;
+      r.space = space;
+      r.buffer_offset = buffered ? offset : 0;
+      offset += r.bytes;
+    }
+    return TransferList(std::move(out));
+  };
+  st.return_sends = mirror(fwd.recvs, RowSpace::kRecv, false);
+  st.return_recvs = mirror(fwd.sends, RowSpace::kHome, true);
+  return st;
+}
+
+void AddBytes(const TransferList& ts, std::array<int64_t, kNumTiers>* out) {
   for (const Transfer& t : ts) (*out)[static_cast<int>(t.tier)] += t.bytes;
 }
 
-int64_t BufferBytes(const std::vector<Transfer>& ts) {
+int64_t BufferBytes(const TransferList& ts) {
   int64_t b = 0;
   for (const Transfer& t : ts) b += t.bytes;
   return b;
@@ -262,7 +252,7 @@ Plan BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
   const int64_t kappa_full = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
   // Work-item areas of the inner stages, summed once per group (its ranks
   // share them) for the cost model.
-  auto items_area = [](const std::vector<WorkItem>& items) {
+  auto items_area = [](const SharedList<WorkItem>& items) {
     int64_t area = 0;
     for (const WorkItem& w : items) {
       MaskSlice s;
@@ -312,12 +302,8 @@ Plan BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
         bwd.emplace_back();
         continue;
       }
-      // The backward copy first; the forward of the group's last slot takes
-      // the inner stage's vectors.
-      bwd.push_back(
-          InstantiateInner(inner[v].stages[s], d, U, u, kappa, slot, topo, true, false));
-      fwd.push_back(
-          InstantiateInner(inner[v].stages[s], d, U, u, kappa, slot, topo, false, u == U - 1));
+      fwd.push_back(InstantiateForward(inner[v].stages[s], d, U, u, kappa, slot, topo));
+      bwd.push_back(BackwardOf(fwd.back()));
     }
     if (U > 1) {
       fwd.push_back(
@@ -541,11 +527,32 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given) {
       by_bound.push_back({candidates[i].modeled_us, i});
     }
     std::sort(by_bound.begin(), by_bound.end());
+    // Strategies with the same head group size and inner-level kind build
+    // the same plan (on one node, hsap, ulysses and usp are all one head
+    // group with nothing to exchange): equal bounds sort the earliest first,
+    // and the later ones, equal in time, could not win: not rebuilt.
+    auto signature = [&](Strategy s) {
+      const int32_t U = HeadGroupSize(s, spec.topology);
+      int kind = 0;  // exact need
+      if (s == Strategy::kRing || s == Strategy::kUsp) kind = 1;
+      if (s == Strategy::kAllGather) kind = 2;
+      if (U == P) kind = -1;  // one group: no inner-level transfers at all
+      return std::make_pair(U, kind);
+    };
+    std::vector<std::pair<std::pair<int32_t, int>, double>> built;
     int best = -1;
     for (const auto& [bound, i] : by_bound) {
       // Rounding margin: the bound sums the same terms in another order.
       if (best >= 0 && bound > plan.stats.modeled_us * (1 + 1e-9)) break;
+      const auto sig = signature(kOrder[i]);
+      auto same = std::find_if(built.begin(), built.end(),
+                               [&](const auto& b) { return b.first == sig; });
+      if (same != built.end()) {
+        candidates[i].modeled_us = same->second;
+        continue;
+      }
       Plan p = BuildPlan(spec, slices, index, dispatch, kOrder[i], profile);
+      built.push_back({sig, p.stats.modeled_us});
       candidates[i].modeled_us = p.stats.modeled_us;
       if (best < 0 || p.stats.modeled_us < plan.stats.modeled_us ||
           (p.stats.modeled_us == plan.stats.modeled_us && i < best)) {

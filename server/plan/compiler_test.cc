@@ -42,6 +42,46 @@ TEST(CompilerTest, BudgetSplitsTransfersIntoStages) {
   EXPECT_TRUE(CheckBudget(*plan).ok());
 }
 
+// The plan stores each repeated list once (shared_list.h): the ranks of a
+// head group share their work items, a backward stage shares its forward
+// stage's transfers and items, and the returns share the transfers'
+// segments. A plan rebuilt from its proto form shares nothing, is equal, and
+// takes more memory.
+TEST(CompilerTest, PlanSharesRepeatedLists) {
+  PlanSpec spec = Spec(Strategy::kHsap);
+  spec.assignment = AssignmentPolicy::kContiguous;
+  auto plan = CompilePlan(spec);
+  ASSERT_TRUE(plan.ok());
+  int shared_items = 0;
+  for (const RankPlan& rp : plan->ranks) {
+    const RankPlan& first = plan->ranks[rp.rank / 4 * 4];  // slot 0 of the node
+    ASSERT_EQ(rp.forward.size(), rp.backward.size());
+    // Inner stages: all but the head scatter and gather.
+    for (size_t s = 1; s + 1 < rp.forward.size(); ++s) {
+      const Stage& f = rp.forward[s];
+      const Stage& b = rp.backward[s];
+      if (!f.items.empty()) {
+        EXPECT_TRUE(f.items.SharesWith(b.items));
+        EXPECT_TRUE(f.items.SharesWith(first.forward[s].items));
+        ++shared_items;
+      }
+      if (!f.recvs.empty()) {
+        EXPECT_TRUE(f.recvs.SharesWith(b.recvs));
+        ASSERT_EQ(b.return_sends.size(), f.recvs.size());
+        EXPECT_TRUE(b.return_sends[0].segments.SharesWith(f.recvs[0].segments));
+      }
+      if (!f.sends.empty()) {
+        EXPECT_TRUE(f.sends.SharesWith(b.sends));
+      }
+    }
+  }
+  EXPECT_GT(shared_items, 0);
+  auto copy = PlanFromProto(PlanToProto(*plan));
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_TRUE(*copy == *plan);
+  EXPECT_GT(copy->ApproxBytes(), plan->ApproxBytes());
+}
+
 TEST(CompilerTest, HsapCrossesNodesOnlyForNeededKeys) {
   PlanSpec spec = Spec(Strategy::kHsap);
   auto plan = CompilePlan(spec);

@@ -34,7 +34,7 @@ struct TierBytes {
   std::array<int64_t, kNumTiers> recv{};
 };
 
-void Add(const std::vector<Transfer>& ts, bool recv, TierBytes* b) {
+void Add(const TransferList& ts, bool recv, TierBytes* b) {
   for (const Transfer& t : ts) {
     (recv ? b->recv : b->send)[static_cast<int>(t.tier)] += t.bytes;
   }
@@ -56,7 +56,7 @@ double TransferSeconds(const HardwareProfile& p, const TierBytes& b,
   return worst;
 }
 
-int64_t ItemsArea(const std::vector<WorkItem>& items) {
+int64_t ItemsArea(const SharedList<WorkItem>& items) {
   int64_t area = 0;
   for (const WorkItem& w : items) {
     MaskSlice s;

@@ -157,6 +157,27 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
   }
   for (int32_t v = 0; v < V; ++v) out[v].stages.assign(num_stages, Stage{});
 
+  // Segments of all transfers live in pools (shared_list.h): each
+  // transfer's list is a view of its run, set once the run is complete.
+  // Arrival i of the receive pool is a run of one sender's home rows (an
+  // arrival never crosses an owner segment): the sender's rows of it are
+  // entry i of the send pool.
+  auto pool = std::make_shared<std::vector<Segment>>();
+  auto send_pool = std::make_shared<std::vector<Segment>>();
+  struct Run {
+    std::vector<Transfer>* list;
+    size_t index;
+    size_t begin;  // in the pool
+  };
+  std::vector<Run> runs;
+  auto close_runs = [&] {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const size_t end = i + 1 < runs.size() ? runs[i + 1].begin : pool->size();
+      (*runs[i].list)[runs[i].index].segments =
+          SharedList<Segment>::View(pool, runs[i].begin, end - runs[i].begin);
+    }
+    runs.clear();
+  };
   // Receive rows: per stage, in (src, global) order from row 0.
   for (int32_t v = 0; v < V; ++v) {
     auto& av = arrivals[v];
@@ -169,18 +190,21 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
       if (i == 0 || av[i - 1].stage != a.stage) row = 0;
       a.recv_row = row;
       row += a.end - a.begin;
-      Stage& st = out[v].stages[a.stage];
-      if (st.recvs.empty() || st.recvs.back().peer != a.src) {
+      std::vector<Transfer>& recvs = out[v].stages[a.stage].recvs.Mutable();
+      if (recvs.empty() || recvs.back().peer != a.src) {
         Transfer t;
         t.peer = a.src;
         t.payload = Payload::kKv;
         t.space = RowSpace::kRecv;
         t.buffer_offset = a.recv_row;
-        st.recvs.push_back(t);
+        recvs.push_back(t);
+        runs.push_back({&recvs, recvs.size() - 1, pool->size()});
       }
-      st.recvs.back().segments.push_back({a.begin, a.end, a.recv_row});
-      st.recvs.back().bytes += a.end - a.begin;
+      pool->push_back({a.begin, a.end, a.recv_row});
+      send_pool->push_back({a.begin, a.end, a.src_row});
+      recvs.back().bytes += a.end - a.begin;
     }
+    close_runs();
   }
   // Sends mirror receives, grouped by (stage, receiver); receivers visited in
   // increasing order so each stage's sends are sorted by peer.
@@ -193,7 +217,9 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
     }
     for (int32_t v = 0; v < V; ++v) {
       for (int32_t s = 0; s < num_stages; ++s) {
-        out[v].stages[s].sends.reserve(count[v * num_stages + s]);
+        if (count[v * num_stages + s] > 0) {
+          out[v].stages[s].sends.reserve(count[v * num_stages + s]);
+        }
       }
     }
   }
@@ -205,13 +231,8 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
         t.payload = Payload::kKv;
         t.space = RowSpace::kHome;
         t.bytes = r.bytes;
-        // Source rows: find each run's home row on the sender.
-        for (const Segment& seg : r.segments) {
-          ForEachOwnerPiece(owners, seg.global_begin, seg.global_end,
-                            [&](const OwnerSegment& o, int64_t a, int64_t b) {
-                              t.segments.push_back({a, b, o.local_row + (a - o.begin)});
-                            });
-        }
+        // The sender's rows of the same arrivals, at the same pool indices.
+        t.segments = SharedList<Segment>::View(send_pool, r.segments.offset(), r.segments.size());
         out[r.peer].stages[s].sends.push_back(std::move(t));
       }
     }

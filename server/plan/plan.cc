@@ -1,5 +1,6 @@
 #include "server/plan/plan.h"
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -58,11 +59,25 @@ bool Plan::operator==(const Plan& o) const {
 }
 
 namespace {
-int64_t TransfersBytes(const std::vector<Transfer>& ts) {
-  int64_t b = static_cast<int64_t>(ts.capacity() * sizeof(Transfer));
-  for (const Transfer& t : ts) b += static_cast<int64_t>(t.segments.capacity() * sizeof(Segment));
-  return b;
-}
+// Counts each shared list once (shared_list.h).
+class ByteCounter {
+ public:
+  template <typename T>
+  void Add(const SharedList<T>& list) {
+    if (list.empty() || !seen_.insert(list.Identity()).second) return;
+    bytes_ += static_cast<int64_t>(list.ArrayBytes()) + 32;
+  }
+  void Add(const TransferList& ts) {
+    if (ts.empty() || !seen_.insert(&ts.front()).second) return;
+    bytes_ += static_cast<int64_t>(ts.size() * sizeof(Transfer)) + 32;
+    for (const Transfer& t : ts) Add(t.segments);
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  absl::flat_hash_set<const void*> seen_;
+  int64_t bytes_ = 0;
+};
 }  // namespace
 
 int64_t Plan::ApproxBytes() const {
@@ -70,18 +85,22 @@ int64_t Plan::ApproxBytes() const {
   b += static_cast<int64_t>(spec.cu_seqlens.capacity() * sizeof(int64_t) +
                             spec.slices.capacity() * sizeof(MaskSlice) + spec.profile.capacity());
   for (const auto& r : dispatch.ranges) b += static_cast<int64_t>(r.capacity() * sizeof(TokenRange));
+  ByteCounter lists;
   for (const RankPlan& rp : ranks) {
     b += sizeof(RankPlan);
     for (const auto* stages : {&rp.forward, &rp.backward}) {
       b += static_cast<int64_t>(stages->capacity() * sizeof(Stage));
       for (const Stage& st : *stages) {
-        b += TransfersBytes(st.sends) + TransfersBytes(st.recvs) + TransfersBytes(st.return_sends) +
-             TransfersBytes(st.return_recvs);
-        b += static_cast<int64_t>((st.overlap_items.capacity() + st.items.capacity()) *
-                                  sizeof(WorkItem));
+        lists.Add(st.sends);
+        lists.Add(st.recvs);
+        lists.Add(st.return_sends);
+        lists.Add(st.return_recvs);
+        lists.Add(st.overlap_items);
+        lists.Add(st.items);
       }
     }
   }
+  b += lists.bytes();
   b += static_cast<int64_t>(stats.candidates.capacity() * sizeof(StrategyCost));
   return b;
 }

@@ -40,6 +40,7 @@
 #include "server/plan/dispatch.h"
 #include "server/plan/plan_key.h"
 #include "server/plan/plan_spec.h"
+#include "server/plan/shared_list.h"
 
 namespace hsap::plan {
 
@@ -92,7 +93,7 @@ struct Transfer {
   int32_t q_head_end = 0;
   int32_t kv_head_begin = 0;
   int32_t kv_head_end = 0;
-  std::vector<Segment> segments;
+  SharedList<Segment> segments;  // shared with the plan's other copies
   int64_t buffer_offset = 0;  // receives into a buffer: bytes from its start
   int64_t bytes = 0;
 
@@ -120,13 +121,19 @@ struct WorkItem {
   bool operator==(const WorkItem& o) const;
 };
 
+// A stage's lists are shared where the plan repeats them (shared_list.h):
+// a backward stage has its forward stage's sends, receives and items, and
+// the ranks of a head group have the same items.
+using TransferList = SharedList<Transfer>;
+using WorkItemList = SharedList<WorkItem>;
+
 struct Stage {
-  std::vector<Transfer> sends;  // sorted by peer
-  std::vector<Transfer> recvs;  // sorted by peer
-  std::vector<WorkItem> overlap_items;
-  std::vector<WorkItem> items;
-  std::vector<Transfer> return_sends;  // backward only
-  std::vector<Transfer> return_recvs;  // backward only
+  TransferList sends;  // sorted by peer
+  TransferList recvs;  // sorted by peer
+  WorkItemList overlap_items;
+  WorkItemList items;
+  TransferList return_sends;  // backward only
+  TransferList return_recvs;  // backward only
   bool operator==(const Stage& o) const;
 };
 

@@ -8,7 +8,9 @@
 //
 // Properties: no crash or sanitizer report; a Join is accepted iff it names
 // another node of this cluster with the same shape; status codes are the
-// documented ones; a started cluster answers every AgreePlan and AbortCall;
+// documented ones; a started cluster answers AgreePlan and AbortCall iff
+// they name another member and a group (and, AgreePlan, a plan key), and
+// refuses the others with INVALID_ARGUMENT; an unstarted one is UNAVAILABLE;
 // PlanAgreement matches the model (keys, mismatch errors, eviction order).
 #include <deque>
 #include <map>
@@ -103,10 +105,19 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
       v1::AgreePlanResponse resp;
       if (!Parse(data, size, &r)) return;
       st = service->AgreePlan(&context, &r, &resp);
-      FUZZ_CHECK(st.ok());
+      if (!use_started) {
+        FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
+        return;
+      }
+      const bool valid = r.node_rank() >= 1 && r.node_rank() <= 2 && !r.group().empty() &&
+                         !r.plan_key().empty();
+      FUZZ_CHECK(st.ok() == valid);
+      if (!st.ok()) {
+        FUZZ_CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+        return;
+      }
       // This node never states a key here: the peer's key is kept, mine is "".
-      FUZZ_CHECK(resp.agreed() == r.plan_key().empty());
-      FUZZ_CHECK(resp.agreed() || resp.plan_key().empty());
+      FUZZ_CHECK(!resp.agreed() && resp.plan_key().empty());
       return;
     }
     default: {
@@ -114,7 +125,12 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
       v1::AbortCallResponse resp;
       if (!Parse(data, size, &r)) return;
       st = service->AbortCall(&context, &r, &resp);
-      FUZZ_CHECK(st.ok());
+      if (!use_started) {
+        FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
+        return;
+      }
+      FUZZ_CHECK(st.ok() == (r.node_rank() >= 1 && r.node_rank() <= 2 && !r.group().empty()));
+      FUZZ_CHECK(st.ok() || st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
       return;
     }
   }

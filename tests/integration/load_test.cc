@@ -405,7 +405,13 @@ TEST(LoadTest, EightTrainersMixedCallsOnTwoNodes) {
   EXPECT_GT(received[kPair], 0u);
   EXPECT_GT(received[kCross], 0u);
   for (int n = 0; n < kNodes; ++n) {
+    // Under AddressSanitizer the daemon's freed memory waits in ASan's
+    // quarantine (256 MB by default) and is not reused, so resident memory
+    // grows by design there (+25% / +45% measured); ASan's own leak check
+    // covers that build. The plain build asserts the 10% bound.
+#if !defined(__SANITIZE_ADDRESS__)
     EXPECT_LE(end.rss_kib[n], after_warm.rss_kib[n] * 11 / 10) << "node " << n;
+#endif
     EXPECT_LE(end.fds[n], after_warm.fds[n]) << "node " << n;
   }
   EXPECT_LE(end.shm.size(), after_warm.shm.size()) << absl::StrJoin(new_shm, ", ");
