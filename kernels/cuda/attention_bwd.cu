@@ -1,28 +1,5 @@
-// Backward attention work items on the GPU (FlashAttention-2 order).
-//
-// One CTA per (tile = (item, 64-key block), query head) with 4 * D/64 warps.
-// K and V of the block are loaded once; the CTA then walks the 64-row Q
-// blocks that can see its keys (KBlockRowRange). Per Q block, with warp
-// w = (key group kw = w % 4, column slice dw = w / 4):
-//   A  S^T = K·Q^T, dP^T = V·dO^T      warp: keys 16kw.., rows slice dw
-//      P^T = exp2(S^T - LSE), dS^T = P^T∘(dP^T - Δ), mask on edge blocks only
-//      P^T and dS^T as hi + lo 16-bit pairs -> shared memory
-//   B  dV += P^T·dO, dK += dS^T·Q      warp: keys 16kw.., columns 64dw.. (registers)
-//   C  dQ += dS·K                      warp: rows 16kw.., columns 64dw.. -> fp32 atomicAdd
-// dS is stored as hi = round16(dS) plus lo = round16(dS - hi), and both
-// halves enter the dK and dQ products (two mma's each): dS sums terms that
-// cancel (its rows sum to zero), so rounding it to 16 bits alone costs up to
-// ~2.7x the output rounding error in a CPU model, past the 2x the tests
-// demand; with the split, dQ/dK are as accurate as fp32 dS would make them.
-// P is rounded once (as in the forward), which stays under ~1.7x for dV.
-// At the end dK (times softmax_scale) and dV are atomically added to the fp32
-// accumulators: query heads of one KV head, and items sharing key rows, add
-// into the same rows.
-//
-// Numerics: LSE is the final forward LSE (natural log) and is moved to the
-// log2 domain once; a row with LSE = -inf sees no key, so its P is 0 (the
-// kernel uses +inf as its subtrahend). Δ = rowsum(dO∘O) comes from
-// ComputeDelta, as in flash-attention.
+// Host side of the backward kernel: argument checks, tile tables, launches.
+// The kernel itself is in backward_kernel.cuh.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -30,6 +7,7 @@
 
 #include "common/status_macros.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/backward_kernel.cuh"
 #include "kernels/cuda/fragment_layout.h"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma.cuh"
@@ -38,240 +16,7 @@
 namespace hsap::kernels::cuda {
 namespace {
 
-constexpr int kBwdBlockQ = 64;
-constexpr int kBwdBlockK = 64;
-
-template <int D>
-struct BwdTraits {
-  static constexpr int kSlices = D / 64;  // 64-column slices of dK/dV/dQ per key group
-  static constexpr int kWarps = 4 * kSlices;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kRowsPerWarp = kBwdBlockQ / kSlices;  // step A rows per warp
-  static constexpr int kS = D + 8;                          // K, V, Q, dO smem row stride
-  static constexpr int kPS = kBwdBlockQ + 8;                // P^T, dS^T smem row stride
-  static constexpr int kSmemBytes = (2 * kBwdBlockK + 2 * kBwdBlockQ) * kS * 2 +
-                                    3 * kBwdBlockK * kPS * 2 + 2 * kBwdBlockQ * 4;
-};
-
-struct BwdParams {
-  const BwdWorkItem* items;  // strides resolved
-  const TileRef* tiles;
-  int num_heads_q;
-  int num_heads_kv;
-  int group;  // Hq / Hkv
-  float scale;
-  float scale_log2;
-};
-
-template <typename T, int D>
-__global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdParams p) {
-  using Traits = BwdTraits<D>;
-  using E = device::ElementTraits<T>;
-  constexpr int kS = Traits::kS;
-  constexpr int kPS = Traits::kPS;
-  constexpr int kRPW = Traits::kRowsPerWarp;
-  constexpr int kThreads = Traits::kThreads;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* k_s = reinterpret_cast<T*>(smem_raw);  // [kBwdBlockK][kS]
-  T* v_s = k_s + kBwdBlockK * kS;           // [kBwdBlockK][kS]
-  T* q_s = v_s + kBwdBlockK * kS;           // [kBwdBlockQ][kS]
-  T* do_s = q_s + kBwdBlockQ * kS;          // [kBwdBlockQ][kS]
-  T* pt_s = do_s + kBwdBlockQ * kS;         // [kBwdBlockK][kPS]  P^T
-  T* dst_s = pt_s + kBwdBlockK * kPS;       // [kBwdBlockK][kPS]  dS^T, rounded (hi)
-  T* dsl_s = dst_s + kBwdBlockK * kPS;      // [kBwdBlockK][kPS]  dS^T - hi (lo)
-  float* lse_s = reinterpret_cast<float*>(dsl_s + kBwdBlockK * kPS);  // [kBwdBlockQ], log2 domain
-  float* delta_s = lse_s + kBwdBlockQ;                                 // [kBwdBlockQ]
-
-  const TileRef tile = p.tiles[blockIdx.x];
-  const BwdWorkItem& item = p.items[tile.item];
-  const int head = blockIdx.y;
-  const int kv_head = head / p.group;
-  const SliceGeometry geo{item.num_q, item.num_k, item.type, item.offset, item.window};
-  const int64_t key0 = static_cast<int64_t>(tile.block) * kBwdBlockK;
-  const int64_t key_end = key0 + kBwdBlockK < geo.num_k ? key0 + kBwdBlockK : geo.num_k;
-  int64_t row_begin, row_end;
-  KBlockRowRange(geo, key0, key_end, &row_begin, &row_end);
-  if (row_begin >= row_end) return;  // BuildBackwardTiles leaves these out
-
-  const int64_t q_stride = item.q_row_stride;
-  const int64_t kv_stride = item.kv_row_stride;
-  const T* k = static_cast<const T*>(item.k) + key0 * kv_stride + kv_head * D;
-  const T* v = static_cast<const T*>(item.v) + key0 * kv_stride + kv_head * D;
-  device::LoadTileAsync<T, kBwdBlockK, D, kS, kThreads>(k_s, k, kv_stride, geo.num_k - key0);
-  device::LoadTileAsync<T, kBwdBlockK, D, kS, kThreads>(v_s, v, kv_stride, geo.num_k - key0);
-
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  // ldmatrix row addresses (fragment_layout.h).
-  const LaneRowCol a_lane = LdmRowMajorA(lane), b_lane = LdmBPair(lane),
-                   bt_lane = LdmTransBPair(lane), at_lane = LdmTransA(lane);
-  const int kw = warp % 4;  // key group (steps A, B) / row group (step C)
-  const int dw = warp / 4;  // row slice (step A) / column slice (steps B, C)
-
-  float dk[8][4], dv[8][4];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
-  }
-
-  for (int64_t rb = row_begin; rb < row_end; rb += kBwdBlockQ) {
-    const T* q = static_cast<const T*>(item.q) + rb * q_stride + head * D;
-    const T* dout = static_cast<const T*>(item.dout) + rb * q_stride + head * D;
-    device::LoadTileAsync<T, kBwdBlockQ, D, kS, kThreads>(q_s, q, q_stride, geo.num_q - rb);
-    device::LoadTileAsync<T, kBwdBlockQ, D, kS, kThreads>(do_s, dout, q_stride, geo.num_q - rb);
-    device::CpAsyncCommit();
-    for (int r = threadIdx.x; r < kBwdBlockQ; r += kThreads) {
-      const int64_t row = rb + r;
-      float lse = INFINITY, delta = 0.f;
-      if (row < geo.num_q) {
-        const float l = item.lse[head * item.lse_stride + row];
-        lse = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
-        delta = item.delta[head * item.lse_stride + row];
-      }
-      lse_s[r] = lse;
-      delta_s[r] = delta;
-    }
-    device::CpAsyncWait<0>();
-    __syncthreads();
-    const bool interior = BlockIsInterior(geo, rb, rb + kBwdBlockQ, key0, key0 + kBwdBlockK);
-
-    // Step A: S^T and dP^T for keys 16kw.. and rows [dw * kRPW, +kRPW).
-    {
-      float st[kRPW / 8][4], dpt[kRPW / 8][4];
-#pragma unroll
-      for (int j = 0; j < kRPW / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
-      }
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a_k[4], a_v[4];
-        const int a_off = (kw * 16 + a_lane.row) * kS + kk * 16 + a_lane.col;
-        device::LdMatrixX4(a_k, k_s + a_off);
-        device::LdMatrixX4(a_v, v_s + a_off);
-#pragma unroll
-        for (int j = 0; j < kRPW / 8; j += 2) {
-          const int b_off = (dw * kRPW + j * 8 + b_lane.row) * kS + kk * 16 + b_lane.col;
-          uint32_t b[4];
-          device::LdMatrixX4(b, q_s + b_off);
-          E::Mma(st[j], a_k, b);
-          E::Mma(st[j + 1], a_k, b + 2);
-          device::LdMatrixX4(b, do_s + b_off);
-          E::Mma(dpt[j], a_v, b);
-          E::Mma(dpt[j + 1], a_v, b + 2);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kRPW / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int local_row = dw * kRPW + j * 8 + AccCol(lane, e);
-          const int local_key = kw * 16 + AccRow(lane, e);
-          float prob = exp2f(st[j][e] * p.scale_log2 - lse_s[local_row]);
-          if (!interior) {
-            const int64_t r = rb + local_row, c = key0 + local_key;
-            if (r >= geo.num_q || c >= geo.num_k ||
-                !SliceAllows(geo.type, geo.offset, geo.window, r, c)) {
-              prob = 0.f;
-            }
-          }
-          st[j][e] = prob;
-          dpt[j][e] = prob * (dpt[j][e] - delta_s[local_row]);
-        }
-        // Registers (0, 1) and (2, 3) are column pairs of rows AccRow(lane, 0 / 2).
-        const int col = dw * kRPW + j * 8 + AccCol(lane, 0);
-        const int key_lo = kw * 16 + AccRow(lane, 0), key_hi = kw * 16 + AccRow(lane, 2);
-        uint32_t* pt_lo = reinterpret_cast<uint32_t*>(pt_s + key_lo * kPS + col);
-        uint32_t* pt_hi = reinterpret_cast<uint32_t*>(pt_s + key_hi * kPS + col);
-        *pt_lo = E::Pack(st[j][0], st[j][1]);
-        *pt_hi = E::Pack(st[j][2], st[j][3]);
-        const float* ds = dpt[j];
-        *reinterpret_cast<uint32_t*>(dst_s + key_lo * kPS + col) = E::Pack(ds[0], ds[1]);
-        *reinterpret_cast<uint32_t*>(dst_s + key_hi * kPS + col) = E::Pack(ds[2], ds[3]);
-        *reinterpret_cast<uint32_t*>(dsl_s + key_lo * kPS + col) =
-            E::Pack(ds[0] - E::Round(ds[0]), ds[1] - E::Round(ds[1]));
-        *reinterpret_cast<uint32_t*>(dsl_s + key_hi * kPS + col) =
-            E::Pack(ds[2] - E::Round(ds[2]), ds[3] - E::Round(ds[3]));
-      }
-    }
-    __syncthreads();
-
-    // Step B: dV += P^T·dO, dK += dS^T·Q over the block's 64 rows.
-#pragma unroll
-    for (int kk = 0; kk < kBwdBlockQ / 16; ++kk) {
-      uint32_t a_p[4], a_ds[4], a_dsl[4];
-      const int a_off = (kw * 16 + a_lane.row) * kPS + kk * 16 + a_lane.col;
-      device::LdMatrixX4(a_p, pt_s + a_off);
-      device::LdMatrixX4(a_ds, dst_s + a_off);
-      device::LdMatrixX4(a_dsl, dsl_s + a_off);
-#pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        const int b_off = (kk * 16 + bt_lane.row) * kS + dw * 64 + j * 8 + bt_lane.col;
-        uint32_t b[4];
-        device::LdMatrixX4Trans(b, do_s + b_off);
-        E::Mma(dv[j], a_p, b);
-        E::Mma(dv[j + 1], a_p, b + 2);
-        device::LdMatrixX4Trans(b, q_s + b_off);
-        E::Mma(dk[j], a_ds, b);
-        E::Mma(dk[j + 1], a_ds, b + 2);
-        E::Mma(dk[j], a_dsl, b);
-        E::Mma(dk[j + 1], a_dsl, b + 2);
-      }
-    }
-
-    // Step C: dQ rows 16kw.., columns 64dw.. += dS·K (dS read transposed).
-    {
-      float dq[8][4];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < kBwdBlockK / 16; ++kk) {
-        uint32_t a[4], a_lo[4];
-        const int a_off = (kk * 16 + at_lane.row) * kPS + kw * 16 + at_lane.col;
-        device::LdMatrixX4Trans(a, dst_s + a_off);
-        device::LdMatrixX4Trans(a_lo, dsl_s + a_off);
-#pragma unroll
-        for (int j = 0; j < 8; j += 2) {
-          uint32_t b[4];
-          device::LdMatrixX4Trans(b, k_s + (kk * 16 + bt_lane.row) * kS + dw * 64 + j * 8 + bt_lane.col);
-          E::Mma(dq[j], a, b);
-          E::Mma(dq[j + 1], a, b + 2);
-          E::Mma(dq[j], a_lo, b);
-          E::Mma(dq[j + 1], a_lo, b + 2);
-        }
-      }
-      const int64_t dq_stride = static_cast<int64_t>(p.num_heads_q) * D;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t row = rb + kw * 16 + AccRow(lane, 2 * half);
-        if (row >= geo.num_q) continue;
-        float* dst = item.dq_acc + row * dq_stride + head * D + dw * 64 + AccCol(lane, 0);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          atomicAdd(dst + j * 8, dq[j][2 * half] * p.scale);
-          atomicAdd(dst + j * 8 + 1, dq[j][2 * half + 1] * p.scale);
-        }
-      }
-    }
-    __syncthreads();  // the next Q block overwrites q_s, do_s, pt_s, dst_s
-  }
-
-  const int64_t kv_acc_stride = static_cast<int64_t>(p.num_heads_kv) * D;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t key = key0 + kw * 16 + AccRow(lane, 2 * half);
-    if (key >= geo.num_k) continue;
-    const int64_t at = key * kv_acc_stride + kv_head * D + dw * 64 + AccCol(lane, 0);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      atomicAdd(item.dk_acc + at + j * 8, dk[j][2 * half] * p.scale);
-      atomicAdd(item.dk_acc + at + j * 8 + 1, dk[j][2 * half + 1] * p.scale);
-      atomicAdd(item.dv_acc + at + j * 8, dv[j][2 * half]);
-      atomicAdd(item.dv_acc + at + j * 8 + 1, dv[j][2 * half + 1]);
-    }
-  }
-}
+using namespace kernel;  // NOLINT: the kernels and their traits
 
 template <typename T, int D>
 absl::Status LaunchBackward(const BwdParams& params, int num_tiles, int num_heads_q,
@@ -299,37 +44,12 @@ absl::Status LaunchBackwardD(int head_dim, const BwdParams& params, int num_tile
 
 absl::Status Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
                       CudaStream stream) {
-  HSAP_RETURN_IF_ERROR(internal::ValidateShape(shape));
+  internal::BackwardPlan plan;
+  HSAP_RETURN_IF_ERROR(internal::PlanBackward(shape, items, kBwdBlockK, &plan));
+  if (plan.tiles.empty()) return absl::OkStatus();
   const int D = shape.head_dim;
-  std::vector<BwdWorkItem> resolved(items.begin(), items.end());
-  std::vector<SliceGeometry> geometry;
-  for (size_t i = 0; i < resolved.size(); ++i) {
-    BwdWorkItem& it = resolved[i];
-    if (it.q_row_stride == 0) it.q_row_stride = static_cast<int64_t>(shape.num_heads_q) * D;
-    if (it.kv_row_stride == 0) it.kv_row_stride = static_cast<int64_t>(shape.num_heads_kv) * D;
-    if (it.num_q < 0 || it.num_k < 0 || it.num_k > (int64_t{1} << 30) * kBwdBlockK) {
-      return absl::InvalidArgumentError(absl::StrCat("items[", i, "].num_q/num_k: ", it.num_q,
-                                                     "/", it.num_k));
-    }
-    if (it.num_q > 0 && it.num_k > 0) {
-      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.q, i, "q"));
-      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.k, i, "k"));
-      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.v, i, "v"));
-      HSAP_RETURN_IF_ERROR(internal::CheckAligned(it.dout, i, "dout"));
-      HSAP_RETURN_IF_ERROR(internal::CheckStride(it.q_row_stride, int64_t{shape.num_heads_q} * D,
-                                                 i, "q_row_stride"));
-      HSAP_RETURN_IF_ERROR(internal::CheckStride(
-          it.kv_row_stride, int64_t{shape.num_heads_kv} * D, i, "kv_row_stride"));
-      if (it.lse == nullptr || it.delta == nullptr || it.dq_acc == nullptr ||
-          it.dk_acc == nullptr || it.dv_acc == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("items[", i, "]: lse, delta, dq_acc, dk_acc and dv_acc are required"));
-      }
-    }
-    geometry.push_back({it.num_q, it.num_k, it.type, it.offset, it.window});
-  }
-  const std::vector<TileRef> tiles = BuildBackwardTiles(geometry, kBwdBlockK);
-  if (tiles.empty()) return absl::OkStatus();
+  const std::vector<BwdWorkItem>& resolved = plan.items;
+  const std::vector<TileRef>& tiles = plan.tiles;
   std::vector<uint8_t> table;
   const size_t items_at = internal::AppendTable(resolved, &table);
   const size_t tiles_at = internal::AppendTable(tiles, &table);

@@ -1,6 +1,6 @@
 // Host helpers shared by the .cu files of kernels/cuda (internal): CUDA
-// errors as Status, argument checks common to the entry points, and a
-// stream-ordered scratch buffer for the tables a launch reads.
+// errors as Status and a stream-ordered scratch buffer for the tables a
+// launch reads. (Argument checks and launch plans: launch_plan.h.)
 #ifndef HSAP_KERNELS_CUDA_LAUNCH_UTIL_H_
 #define HSAP_KERNELS_CUDA_LAUNCH_UTIL_H_
 
@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/launch_plan.h"
 
 // Evaluates `expr` (a cudaError_t); unless cudaSuccess, returns
 // FAILED_PRECONDITION naming the expression, cudaGetErrorString and file:line.
@@ -28,43 +29,6 @@
   } while (0)
 
 namespace hsap::kernels::cuda::internal {
-
-// dtype bf16/fp16 and head_dim 64/128/256, heads positive with Hq % Hkv == 0.
-inline absl::Status ValidateShape(const AttentionShape& s) {
-  if (s.dtype != DType::kBFloat16 && s.dtype != DType::kFloat16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dtype: ", DTypeName(s.dtype),
-        " is not supported by the CUDA kernels (bfloat16, float16; fp32 runs on the CPU)"));
-  }
-  if (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "head_dim: ", s.head_dim, " is not supported by the CUDA kernels (64, 128, 256)"));
-  }
-  if (s.num_heads_q <= 0 || s.num_heads_kv <= 0 || s.num_heads_q % s.num_heads_kv != 0 ||
-      s.num_heads_q > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("num_heads_q/num_heads_kv: ", s.num_heads_q,
-                                                   "/", s.num_heads_kv,
-                                                   " (need 0 < Hkv, Hq % Hkv == 0, Hq <= 65535)"));
-  }
-  return absl::OkStatus();
-}
-
-// INVALID_ARGUMENT naming items[i].field when `p` is not 16-byte aligned.
-inline absl::Status CheckAligned(const void* p, size_t i, const char* field) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("items[", i, "].", field, ": device pointer not 16-byte aligned"));
-  }
-  return absl::OkStatus();
-}
-
-inline absl::Status CheckStride(int64_t stride, int64_t min, size_t i, const char* field) {
-  if (stride % 8 != 0 || stride < min) {
-    return absl::InvalidArgumentError(absl::StrCat("items[", i, "].", field, ": ", stride,
-                                                   " (need a multiple of 8, >= ", min, ")"));
-  }
-  return absl::OkStatus();
-}
 
 // Bytes of host data copied to one stream-ordered device allocation
 // (cudaMallocAsync), freed after the launches queued behind it

@@ -18,6 +18,11 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
+
+#if defined(HSAP_CUDA_EMULATION)
+#include "kernels/cuda/emulation.h"  // CPU stand-ins for the intrinsics below
+#endif
 
 namespace hsap::kernels::cuda::device {
 
@@ -28,8 +33,10 @@ template <>
 struct ElementTraits<__nv_bfloat16> {
   // Packs (lo, hi) into one register, round to nearest even.
   static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    return bits;
   }
   static __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
   static __device__ __forceinline__ __nv_bfloat16 FromFloat(float x) {
@@ -39,32 +46,43 @@ struct ElementTraits<__nv_bfloat16> {
   static __device__ __forceinline__ float Round(float x) { return ToFloat(FromFloat(x)); }
   // c += a * b
   static __device__ __forceinline__ void Mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(HSAP_CUDA_EMULATION)
+    emu::Mma(c, a, b, /*is_bf16=*/true);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
   }
 };
 
 template <>
 struct ElementTraits<__half> {
   static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
+    const __half2 v = __floats2half2_rn(lo, hi);
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    return bits;
   }
   static __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half FromFloat(float x) { return __float2half_rn(x); }
   static __device__ __forceinline__ float Round(float x) { return ToFloat(FromFloat(x)); }
   static __device__ __forceinline__ void Mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(HSAP_CUDA_EMULATION)
+    emu::Mma(c, a, b, /*is_bf16=*/false);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
   }
 };
 
+#if !defined(HSAP_CUDA_EMULATION)
 __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -97,6 +115,20 @@ template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
+#else   // HSAP_CUDA_EMULATION: the same contracts on the CPU (emulation.h)
+inline void LdMatrixX4(uint32_t r[4], const void* p) { emu::LdMatrixX4<false>(r, p); }
+inline void LdMatrixX4Trans(uint32_t r[4], const void* p) { emu::LdMatrixX4<true>(r, p); }
+inline void CpAsync16(void* dst, const void* src, bool valid) {
+  if (valid) {
+    std::memcpy(dst, src, 16);
+  } else {
+    std::memset(dst, 0, 16);
+  }
+}
+inline void CpAsyncCommit() {}
+template <int kPending>
+void CpAsyncWait() {}
+#endif
 
 // Copies rows [0, kRows) of a tile, kCols elements each, from global memory
 // (row r at src + r * src_stride elements) to shared memory (row stride

@@ -24,6 +24,7 @@
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/test_util.h"
 #include "kernels/cuda/attention.h"
+#include "tests/gpu/case_util.h"
 #include "tests/gpu/device_buffer.h"
 
 namespace hsap {
@@ -32,68 +33,14 @@ namespace {
 namespace cpu = kernels::cpu;
 namespace gpu = kernels::cuda;
 using cpu::testing::RandomCase;
-using cpu::testing::RoundedThrough;
 using cpu::testing::TypedBuffer;
 using gpu_test::DeviceBuffer;
-
-constexpr double kFp32Tolerance = 1e-5;
-
-// Worst error / yardstick per (kind, dtype, D), for the summary line.
-std::map<std::string, double>& WorstRatios() {
-  static auto* worst = new std::map<std::string, double>;
-  return *worst;
-}
-
-void Record(const std::string& key, double ratio) {
-  double& w = WorstRatios()[key];
-  w = std::max(w, ratio);
-}
-
-// As attention_test.cc: returns error / yardstick (0 when the expected
-// values vanish and the actual ones are below the fp32 tolerance).
-double ExpectClose(const std::vector<double>& actual, const std::vector<double>& expected,
-                   DType dtype, const std::string& what, const RandomCase& c,
-                   double rounding_factor = 2.0, double scale_if_zero = 1.0) {
-  double max_expected = 0, max_actual = 0;
-  for (double x : expected) max_expected = std::max(max_expected, std::fabs(x));
-  for (double x : actual) max_actual = std::max(max_actual, std::fabs(x));
-  if (max_expected == 0) {
-    EXPECT_LE(max_actual, kFp32Tolerance * scale_if_zero) << what << " should vanish: "
-                                                          << c.Describe();
-    return 0;
-  }
-  const double err = cpu::MaxRelativeError(actual, expected);
-  const double yardstick =
-      std::max(cpu::MaxRelativeError(RoundedThrough(expected, dtype), expected), kFp32Tolerance);
-  EXPECT_LE(err, rounding_factor * yardstick)
-      << what << " of " << c.Describe() << " (rounding alone: " << yardstick << ")";
-  return err / yardstick;
-}
-
-gpu::AttentionShape ToGpu(const cpu::AttentionShape& s) {
-  return {s.num_heads_q, s.num_heads_kv, s.head_dim, s.dtype, s.softmax_scale};
-}
-
-// The slices of `c` as work items over whole-rank device buffers; with
-// `split_keys`, every slice with more than one key becomes two items over
-// the two halves of its key range (same query rows: their merge is tested).
-std::vector<MaskSlice> ItemSlices(const RandomCase& c, bool split_keys) {
-  std::vector<MaskSlice> out;
-  for (const MaskSlice& s : c.slices) {
-    if (!split_keys || s.num_k() < 2) {
-      out.push_back(s);
-      continue;
-    }
-    const int64_t half = s.num_k() / 2;
-    MaskSlice a = s, b = s;
-    a.k_end = s.k_begin + half;
-    b.k_begin = s.k_begin + half;
-    if (s.type == MaskType::kCausal) b.offset = s.offset - half;  // same diagonal
-    out.push_back(a);
-    out.push_back(b);
-  }
-  return out;
-}
+using gpu_test::ExpectClose;
+using gpu_test::ItemSlices;
+using gpu_test::kFp32Tolerance;
+using gpu_test::Record;
+using gpu_test::ToGpu;
+using gpu_test::WorstRatios;
 
 std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 

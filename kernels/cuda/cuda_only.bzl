@@ -1,7 +1,8 @@
-"""GPU test targets that exist only when the CUDA toolkit does (@cuda//:defs.bzl).
+"""Targets that exist only when the CUDA toolkit does (@cuda//:defs.bzl).
 
-tests/gpu links cudart directly, so without the toolkit there is nothing to
-build; `HSAP_DISABLE_CUDA=1 bazel build //...` then skips these targets.
+For code that needs the toolkit's headers or cudart directly (tests/gpu, the
+CPU emulation of the kernels): without the toolkit there is nothing to
+build, and `HSAP_DISABLE_CUDA=1 bazel build //...` skips these targets.
 """
 
 load("@cuda//:defs.bzl", "CUDA_AVAILABLE")
