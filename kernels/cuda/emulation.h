@@ -10,9 +10,10 @@
 // warp-collective operations (shuffles, ldmatrix, mma.sync) deposit each
 // lane's operands in a per-warp exchange slot, then wait at a warp barrier.
 // ldmatrix and mma.sync follow the PTX ISA's fragment tables (the same
-// reading as fragment_layout_test.cc); mma sums in fp32. cp.async copies
-// synchronously. What this cannot show: races the real memory model allows,
-// timing, occupancy, and any misreading of the ISA shared with the kernels.
+// reading as fragment_layout_test.cc); mma sums in fp32. A cp.async copy
+// lands when its thread waits for its group, not before. What this cannot
+// show: races the real memory model allows beyond that, timing, occupancy,
+// and any misreading of the ISA shared with the kernels.
 #ifndef HSAP_KERNELS_CUDA_EMULATION_H_
 #define HSAP_KERNELS_CUDA_EMULATION_H_
 
@@ -113,12 +114,27 @@ struct WarpState {
   int next_slot[32] = {};  // per lane
 };
 
+// cp.async as the hardware orders it: a copy lands only when its issuing
+// thread waits for its group (cp.async.wait_group), so a read of shared
+// memory that is missing a wait or the barrier after it sees the 0xff
+// poison instead of data.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+struct ThreadCopies {
+  std::vector<PendingCopy> open;                 // not yet committed
+  std::vector<std::vector<PendingCopy>> groups;  // committed, oldest first
+};
+
 struct CtaState {
-  explicit CtaState(int threads) : barrier(threads) {
+  explicit CtaState(int threads) : barrier(threads), copies(threads) {
     for (int w = 0; w < threads / 32; ++w) warps.push_back(std::make_unique<WarpState>());
   }
   Barrier barrier;
   std::vector<std::unique_ptr<WarpState>> warps;
+  std::vector<ThreadCopies> copies;  // per thread
 };
 
 inline CtaState* tl_cta = nullptr;
@@ -221,6 +237,29 @@ inline void Mma(float c[4], const uint32_t a[4], const uint32_t b[2], bool is_bf
     float sum = c[e];
     for (int k = 0; k < 16; ++k) sum += A[e / 2][k] * B[k][e & 1];
     c[e] = sum;
+  }
+}
+
+inline void CpAsync16(void* dst, const void* src, bool valid) {
+  tl_cta->copies[tl_thread].open.push_back({dst, src, valid});
+}
+inline void CpAsyncCommit() {
+  ThreadCopies& c = tl_cta->copies[tl_thread];
+  c.groups.push_back(std::move(c.open));
+  c.open.clear();
+}
+// Completes this thread's committed groups but the newest `pending`.
+inline void CpAsyncWait(int pending) {
+  ThreadCopies& c = tl_cta->copies[tl_thread];
+  while (static_cast<int>(c.groups.size()) > pending) {
+    for (const PendingCopy& p : c.groups.front()) {
+      if (p.valid) {
+        std::memcpy(p.dst, p.src, 16);
+      } else {
+        std::memset(p.dst, 0, 16);
+      }
+    }
+    c.groups.erase(c.groups.begin());
   }
 }
 

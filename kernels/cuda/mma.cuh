@@ -118,16 +118,12 @@ __device__ __forceinline__ void CpAsyncWait() {
 #else   // HSAP_CUDA_EMULATION: the same contracts on the CPU (emulation.h)
 inline void LdMatrixX4(uint32_t r[4], const void* p) { emu::LdMatrixX4<false>(r, p); }
 inline void LdMatrixX4Trans(uint32_t r[4], const void* p) { emu::LdMatrixX4<true>(r, p); }
-inline void CpAsync16(void* dst, const void* src, bool valid) {
-  if (valid) {
-    std::memcpy(dst, src, 16);
-  } else {
-    std::memset(dst, 0, 16);
-  }
-}
-inline void CpAsyncCommit() {}
+inline void CpAsync16(void* dst, const void* src, bool valid) { emu::CpAsync16(dst, src, valid); }
+inline void CpAsyncCommit() { emu::CpAsyncCommit(); }
 template <int kPending>
-void CpAsyncWait() {}
+void CpAsyncWait() {
+  emu::CpAsyncWait(kPending);
+}
 #endif
 
 // Copies rows [0, kRows) of a tile, kCols elements each, from global memory
