@@ -205,7 +205,7 @@ void FillStats(const std::vector<MaskSlice>& slices, Plan* plan) {
   ps.num_bwd_stages = plan->ranks.empty() ? 0 : static_cast<int32_t>(plan->ranks[0].backward.size());
 }
 
-Plan BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
+absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
                const SliceIndex& index, const Dispatch& dispatch, Strategy strategy,
                const HardwareProfile& profile) {
   const Topology& topo = spec.topology;
@@ -246,8 +246,8 @@ Plan BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
   InnerKind kind = InnerKind::kExactNeed;
   if (strategy == Strategy::kRing || strategy == Strategy::kUsp) kind = InnerKind::kRing;
   if (strategy == Strategy::kAllGather) kind = InnerKind::kAllGather;
-  std::vector<InnerRank> inner = internal::BuildInnerLevel(index, home, owners, kind,
-                                                                 budget_rows);
+  HSAP_ASSIGN_OR_RETURN(std::vector<InnerRank> inner,
+                        internal::BuildInnerLevel(index, home, owners, kind, budget_rows));
   const size_t inner_stages = inner[0].stages.size();
   const int64_t kappa_full = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
   // Work-item areas of the inner stages, summed once per group (its ranks
@@ -540,6 +540,7 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given) {
       return std::make_pair(U, kind);
     };
     std::vector<std::pair<std::pair<int32_t, int>, double>> built;
+    absl::Status first_error;
     int best = -1;
     for (const auto& [bound, i] : by_bound) {
       // Rounding margin: the bound sums the same terms in another order.
@@ -551,7 +552,14 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given) {
         candidates[i].modeled_us = same->second;
         continue;
       }
-      Plan p = BuildPlan(spec, slices, index, dispatch, kOrder[i], profile);
+      absl::StatusOr<Plan> built_plan = BuildPlan(spec, slices, index, dispatch, kOrder[i], profile);
+      if (!built_plan.ok()) {
+        // This strategy cannot be planned here (too many stages): not a
+        // candidate. Its bound stays in stats.candidates.
+        if (first_error.ok()) first_error = built_plan.status();
+        continue;
+      }
+      Plan p = std::move(built_plan).value();
       built.push_back({sig, p.stats.modeled_us});
       candidates[i].modeled_us = p.stats.modeled_us;
       if (best < 0 || p.stats.modeled_us < plan.stats.modeled_us ||
@@ -560,9 +568,10 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given) {
         best = i;
       }
     }
+    if (best < 0) return first_error;
     plan.stats.candidates = std::move(candidates);
   } else {
-    plan = BuildPlan(spec, slices, index, dispatch, spec.strategy, profile);
+    HSAP_ASSIGN_OR_RETURN(plan, BuildPlan(spec, slices, index, dispatch, spec.strategy, profile));
   }
   plan.spec = spec;
   plan.format_version = kPlanFormatVersion;

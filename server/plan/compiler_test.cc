@@ -163,6 +163,7 @@ TEST(CompilerTest, ByteTotalsOverAllRanksCannotOverflow) {
   spec.cu_seqlens.clear();
   for (int64_t x = 0; x <= spec.total_tokens; x += int64_t{1} << 19) spec.cu_seqlens.push_back(x);
   spec.shape = {4096, 4096, 1, DType::kBFloat16};
+  spec.recv_buffer_bytes = int64_t{1} << 32;  // 2^30 rows in 4096 stages
   spec.topology = {1, 1};
   EXPECT_TRUE(ValidatePlanSpec(spec).ok()) << ValidatePlanSpec(spec);
   spec.topology = {256, 256};

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <tuple>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace hsap::plan::internal {
@@ -36,7 +38,9 @@ void ForEachOwnerPiece(const std::vector<OwnerSegment>& owners, int64_t begin, i
 // in order go to the earliest stage (from the receiver's current one) where
 // both the receiver's receive rows and the sender's returned rows (backward
 // dK/dV) stay within the budget; runs are split where a stage fills.
-void PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows) {
+// Returns false (packing abandoned) when a run would go to stage kMaxStages
+// or later.
+bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows) {
   const size_t n = arrivals->size();
   std::vector<std::vector<int64_t>> ret_load(n);
   auto room_ret = [&](int32_t src, int32_t s) {
@@ -53,13 +57,14 @@ void PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
         const int64_t room = std::min(budget_rows - recv_load, room_ret(a.src, stage));
         if (room <= 0) {
           if (budget_rows - recv_load <= 0) {
-            ++stage;
+            if (++stage >= kMaxStages) return false;
             recv_load = 0;
           } else {
             // The sender's returns are full in this stage: look further
             // without closing the receiver's stage for other senders.
             int32_t s = stage + 1;
-            while (room_ret(a.src, s) <= 0) ++s;
+            while (s < kMaxStages && room_ret(a.src, s) <= 0) ++s;
+            if (s >= kMaxStages) return false;
             // Place this run in stage s (the receiver's load there is 0 or
             // tracked below), keeping receiver order per stage irrelevant.
             const int64_t take = std::min({a.end - a.begin, room_ret(a.src, s), budget_rows});
@@ -92,14 +97,21 @@ void PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
     }
     (*arrivals)[v] = std::move(out);
   }
+  return true;
 }
 
 }  // namespace
 
-std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
-                                       const std::vector<std::vector<OwnerSegment>>& home,
-                                       const std::vector<OwnerSegment>& owners, InnerKind kind,
-                                       int64_t budget_rows) {
+absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
+    const SliceIndex& index, const std::vector<std::vector<OwnerSegment>>& home,
+    const std::vector<OwnerSegment>& owners, InnerKind kind, int64_t budget_rows) {
+  auto too_many_stages = [&](int64_t stages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "recv_buffer_bytes: a receive budget of ", budget_rows, " token rows needs ",
+        stages >= kMaxStages ? absl::StrCat("at least ", stages) : absl::StrCat(stages),
+        " stages for this structure, more than ", kMaxStages,
+        "; raise recv_buffer_bytes"));
+  };
   const int32_t V = static_cast<int32_t>(home.size());
   const auto slices = index.slices();
   std::vector<InnerRank> out(V);
@@ -130,6 +142,12 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
       max_rows = std::max(max_rows, n);
     }
     const int64_t chunks = std::max<int64_t>(1, (max_rows + budget_rows - 1) / budget_rows);
+    if (V - 1 > kMaxStages) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "strategy: a ring over ", V, " groups takes ", V - 1, " stages, more than ",
+          kMaxStages));
+    }
+    if ((V - 1) * chunks > kMaxStages) return too_many_stages((V - 1) * chunks);
     for (int32_t v = 0; v < V; ++v) {
       for (int32_t k = 1; k < V; ++k) {
         const int32_t src = (v - k + V) % V;
@@ -149,8 +167,8 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
       }
     }
     num_stages = std::max<int64_t>(1, (V - 1) * chunks);
-  } else {
-    PackGreedy(&arrivals, budget_rows);
+  } else if (!PackGreedy(&arrivals, budget_rows)) {
+    return too_many_stages(kMaxStages);
   }
   for (const auto& av : arrivals) {
     for (const Arrival& a : av) num_stages = std::max(num_stages, a.stage + 1);

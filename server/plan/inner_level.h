@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "server/plan/demand.h"
 #include "server/plan/dispatch.h"
 #include "server/plan/plan.h"
@@ -33,11 +34,11 @@ struct InnerRank {
 
 // REQUIRES: home[v] lists virtual rank v's runs in home-row order; owners is
 // the union of all home runs sorted by global position (rank = virtual rank)
-// and partitions [0, T); budget_rows >= 1.
-std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
-                                       const std::vector<std::vector<OwnerSegment>>& home,
-                                       const std::vector<OwnerSegment>& owners, InnerKind kind,
-                                       int64_t budget_rows);
+// and partitions [0, T); budget_rows >= 1. INVALID_ARGUMENT when the budget
+// would need more than kMaxStages stages.
+absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
+    const SliceIndex& index, const std::vector<std::vector<OwnerSegment>>& home,
+    const std::vector<OwnerSegment>& owners, InnerKind kind, int64_t budget_rows);
 
 }  // namespace hsap::plan::internal
 

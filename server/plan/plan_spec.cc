@@ -236,6 +236,19 @@ absl::Status ValidatePlanSpec(const PlanSpec& spec) {
                                        ") is smaller than one token's K and V rows (", kv_row,
                                        " bytes)"));
   }
+  // A rank may need every other token's K and V (one document over all
+  // ranks): the budget must hold them in kMaxStages stages.
+  const int64_t budget_rows = spec.recv_buffer_bytes / kv_row;
+  const int64_t stages = spec.total_tokens / budget_rows + (spec.total_tokens % budget_rows != 0);
+  if (stages > kMaxStages) {
+    const int64_t needed =
+        (spec.total_tokens / kMaxStages + (spec.total_tokens % kMaxStages != 0)) * kv_row;
+    return InvalidArgumentError(StrCat(
+        "recv_buffer_bytes (", spec.recv_buffer_bytes, ") holds ", budget_rows,
+        " token rows of K and V (", kv_row, " bytes each): ", spec.total_tokens,
+        " tokens could need ", stages, " stages, more than ", kMaxStages,
+        "; raise recv_buffer_bytes to at least ", needed));
+  }
   return absl::OkStatus();
 }
 

@@ -89,6 +89,12 @@ inline constexpr int64_t kMaxTotalTokens = int64_t{1} << 40;
 inline constexpr int32_t kMaxRanks = 1 << 16;
 inline constexpr int32_t kMaxHeads = 1 << 12;
 inline constexpr int32_t kMaxHeadDim = 1 << 12;
+// Most stages a plan may have. The receive budget fixes a rank's memory, so
+// a budget of a few token rows turns large needs into that many stages
+// (collective steps), each a Stage per rank: ValidatePlanSpec requires a
+// budget that holds all tokens in kMaxStages stages, and the compiler stops
+// with INVALID_ARGUMENT when packing would need more.
+inline constexpr int64_t kMaxStages = 1 << 12;
 
 // The request. Exactly one of `cu_seqlens` (non-empty) and `slices`
 // (non-empty, or total_tokens == 0) describes the mask.

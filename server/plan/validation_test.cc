@@ -115,8 +115,10 @@ TEST(ValidationTest, MaskAreaMustFitInt64) {
   s.window = -1;
   ExpectError(s, "mask: the slices up to q[0,1099511627776) k[0,1099511627776) FULL span more "
                  "than 2^62 / num_heads_q (576460752303423488) (query, key) pairs");
-  // 2^40 tokens as 2^18 documents of 2^22 with one head: 2^62 pairs exactly.
+  // 2^40 tokens as 2^18 documents of 2^22 with one head: 2^62 pairs exactly
+  // (and a receive budget that holds them in 2^11 stages of 2^29 rows).
   s.shape = {1, 1, 64, DType::kBFloat16};
+  s.recv_buffer_bytes = int64_t{1} << 37;
   s.cu_seqlens.clear();
   for (int64_t x = 0; x <= s.total_tokens; x += int64_t{1} << 22) s.cu_seqlens.push_back(x);
   EXPECT_TRUE(ValidatePlanSpec(s).ok()) << ValidatePlanSpec(s);
@@ -124,6 +126,31 @@ TEST(ValidationTest, MaskAreaMustFitInt64) {
   s.cu_seqlens.clear();
   s.total_tokens = int64_t{1} << 31;
   EXPECT_TRUE(ValidatePlanSpec(s).ok()) << ValidatePlanSpec(s);
+}
+
+// A budget of a few rows would turn a long document into thousands of
+// collective steps (found by tests/fuzz/plan_compiler_fuzzer: a 1-row
+// budget over 10^8 tokens packed ~10^8 stages until memory ran out).
+TEST(ValidationTest, StagesAreBounded) {
+  PlanSpec s = Good();  // kv row: 2 x 2 heads x 64 x 2 bytes = 512
+  s.cu_seqlens = {0, kMaxStages + 1};
+  s.total_tokens = kMaxStages + 1;
+  s.recv_buffer_bytes = 512;
+  ExpectError(s, "recv_buffer_bytes (512) holds 1 token rows of K and V (512 bytes each): 4097 "
+                 "tokens could need 4097 stages, more than 4096; raise recv_buffer_bytes to at "
+                 "least 1024");
+  s.recv_buffer_bytes = 1024;
+  absl::StatusOr<Plan> plan = CompilePlan(s);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_LE(plan->stats.num_fwd_stages, kMaxStages);
+  // A ring over more than kMaxStages + 1 ranks takes too many steps
+  // whatever the budget.
+  s = Good();
+  s.topology = {2, 2049};
+  s.cu_seqlens = {0, 4098};
+  s.total_tokens = 4098;
+  s.strategy = Strategy::kRing;
+  ExpectError(s, "strategy: a ring over 4098 groups takes 4097 stages, more than 4096");
 }
 
 TEST(ValidationTest, DispatchMustMatchTheSpec) {

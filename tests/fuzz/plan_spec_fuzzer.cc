@@ -8,6 +8,7 @@
 // hsap.v1.Plan and reads it back with PlanFromProto (plans read from files).
 #include "google/protobuf/stubs/logging.h"
 #include "hsap/v1/plan.pb.h"
+#include "absl/strings/str_cat.h"
 #include "server/plan/compiler.h"
 #include "server/plan/plan_key.h"
 #include "server/plan/plan_proto.h"
@@ -35,6 +36,13 @@ void FuzzSpec(const hsap::v1::PlanSpec& proto) {
   if (spec->topology.num_ranks() > 64 || spec->slices.size() + spec->cu_seqlens.size() > 4096) return;
   absl::StatusOr<Plan> plan = CompilePlan(*spec);
   if (!plan.ok()) std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
+  // The one error a valid spec may still get: more than kMaxStages stages
+  // under its receive budget (plan_spec.h).
+  if (!plan.ok() && absl::IsInvalidArgument(plan.status()) &&
+      plan.status().message().find(absl::StrCat("stages, more than ", kMaxStages)) !=
+          absl::string_view::npos) {
+    return;
+  }
   FUZZ_CHECK(plan.ok());
   absl::StatusOr<Plan> back = PlanFromProto(PlanToProto(*plan));
   FUZZ_CHECK(back.ok() && *back == *plan);
