@@ -45,7 +45,7 @@ namespace hsap::kernels::cuda::emu {
 // runs are deterministic and a wait costs a context switch, not a futex.
 struct Fiber {
   ucontext_t context;
-  std::vector<char> stack;
+  std::unique_ptr<char[]> stack;
   bool done = false;
 };
 
@@ -159,6 +159,8 @@ inline constexpr size_t kSharedBytes = 232448;
 // The built-in variables and functions kernels name, in the global namespace.
 inline uint3 threadIdx;
 inline uint3 blockIdx;
+inline dim3 blockDim;
+inline dim3 gridDim;
 
 inline void __syncthreads() { hsap::kernels::cuda::emu::tl_cta->barrier.Wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { hsap::kernels::cuda::emu::Warp().barrier.Wait(); }
@@ -271,7 +273,7 @@ inline void SetBuiltins(int fiber) {
 // Runs body() as `threads` fibers of each CTA of a (grid_x, grid_y) grid,
 // CTAs one after another, on the calling thread.
 inline void Launch(int grid_x, int grid_y, int threads, const std::function<void()>& body) {
-  constexpr size_t kStack = 256 * 1024;
+  constexpr size_t kStack = 64 * 1024;  // the kernels' locals need a few KB
   static const std::function<void()>* entry = nullptr;
   entry = &body;
   for (int y = 0; y < grid_y; ++y) {
@@ -283,12 +285,14 @@ inline void Launch(int grid_x, int grid_y, int threads, const std::function<void
       CurrentScheduler() = &s;
       tl_cta = &cta;
       blockIdx = {static_cast<unsigned>(x), static_cast<unsigned>(y), 0};
+      blockDim = dim3(threads, 1, 1);
+      gridDim = dim3(grid_x, grid_y, 1);
       for (int t = 0; t < threads; ++t) {
         Fiber& f = s.fibers[t];
-        f.stack.resize(kStack);
+        f.stack.reset(new char[kStack]);
         getcontext(&f.context);
-        f.context.uc_stack.ss_sp = f.stack.data();
-        f.context.uc_stack.ss_size = f.stack.size();
+        f.context.uc_stack.ss_sp = f.stack.get();
+        f.context.uc_stack.ss_size = kStack;
         f.context.uc_link = &s.main;
         makecontext(&f.context, [] { (*entry)(); }, 0);
       }
