@@ -31,8 +31,16 @@ def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], copts = [
             name = obj + "_nvcc",
             srcs = [src] + hdrs + ["//common:headers"],
             outs = [obj],
-            cmd = ("%s/bin/nvcc -c -std=c++17 -O3 -Xcompiler -fPIC %s -I. -I$(GENDIR) %s " +
-                   "-o $@ $(location %s)") % (CUDA_PATH, gencode, " ".join(copts), src),
+            # A private TMPDIR per action: in Bazel's sandboxes every nvcc runs
+            # as pid 2, so concurrent ones would share /tmp/tmpxft_00000002-*.
+            cmd = ("tmp=$$(mktemp -d) && TMPDIR=$$tmp %s/bin/nvcc -c -std=c++17 -O3 " +
+                   "-Xcompiler -fPIC %s -I. -I$(GENDIR) %s -o $@ $(location %s); " +
+                   "status=$$?; rm -rf $$tmp; exit $$status") % (
+                CUDA_PATH,
+                gencode,
+                " ".join(copts),
+                src,
+            ),
         )
         objs.append(obj)
     native.genrule(
