@@ -2,7 +2,8 @@
 //
 // One CTA per (tile = (item, 64-key block), query head) with 4 * D/64 warps.
 // K and V of the block are loaded once; the CTA then walks the 64-row Q
-// blocks that can see its keys (KBlockRowRange). Per Q block, with warp
+// blocks that can see its keys (KBlockRowRange), the next Q/dO block
+// loading (cp.async, double buffer, D <= 128) while this one computes. Per Q block, with warp
 // w = (key group kw = w % 4, column slice dw = w / 4):
 //   A  S^T = K·Q^T, dP^T = V·dO^T      warp: keys 16kw.., rows slice dw
 //      P^T = exp2(S^T - LSE), dS^T = P^T∘(dP^T - Δ), mask on edge blocks only
@@ -50,7 +51,10 @@ struct BwdTraits {
   static constexpr int kRowsPerWarp = kBwdBlockQ / kSlices;  // step A rows per warp
   static constexpr int kS = D + 8;                          // K, V, Q, dO smem row stride
   static constexpr int kPS = kBwdBlockQ + 8;                // P^T, dS^T smem row stride
-  static constexpr int kSmemBytes = (2 * kBwdBlockK + 2 * kBwdBlockQ) * kS * 2 +
+  // Q/dO blocks are double-buffered (the next block loads while this one
+  // computes) where shared memory allows it: not for D = 256 on sm_80.
+  static constexpr int kQBuffers = D <= 128 ? 2 : 1;
+  static constexpr int kSmemBytes = (2 * kBwdBlockK + 2 * kBwdBlockQ * kQBuffers) * kS * 2 +
                                     3 * kBwdBlockK * kPS * 2 + 2 * kBwdBlockQ * 4;
 };
 
@@ -75,9 +79,8 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* k_s = reinterpret_cast<T*>(smem_raw);  // [kBwdBlockK][kS]
   T* v_s = k_s + kBwdBlockK * kS;           // [kBwdBlockK][kS]
-  T* q_s = v_s + kBwdBlockK * kS;           // [kBwdBlockQ][kS]
-  T* do_s = q_s + kBwdBlockQ * kS;          // [kBwdBlockQ][kS]
-  T* pt_s = do_s + kBwdBlockQ * kS;         // [kBwdBlockK][kPS]  P^T
+  T* q_base = v_s + kBwdBlockK * kS;        // per buffer: Q, dO [kBwdBlockQ][kS] each
+  T* pt_s = q_base + Traits::kQBuffers * 2 * kBwdBlockQ * kS;  // [kBwdBlockK][kPS]  P^T
   T* dst_s = pt_s + kBwdBlockK * kPS;       // [kBwdBlockK][kPS]  dS^T, rounded (hi)
   T* dsl_s = dst_s + kBwdBlockK * kPS;      // [kBwdBlockK][kPS]  dS^T - hi (lo)
   float* lse_s = reinterpret_cast<float*>(dsl_s + kBwdBlockK * kPS);  // [kBwdBlockQ], log2 domain
@@ -116,12 +119,29 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
   }
 
-  for (int64_t rb = row_begin; rb < row_end; rb += kBwdBlockQ) {
+  // Queues the Q and dO rows of the block starting at `rb` into buffer `buf`.
+  auto load_q = [&](int64_t rb, int buf) {
+    T* q_dst = q_base + buf * 2 * kBwdBlockQ * kS;
     const T* q = static_cast<const T*>(item.q) + rb * q_stride + head * D;
     const T* dout = static_cast<const T*>(item.dout) + rb * q_stride + head * D;
-    device::LoadTileAsync<T, kBwdBlockQ, D, kS, kThreads>(q_s, q, q_stride, geo.num_q - rb);
-    device::LoadTileAsync<T, kBwdBlockQ, D, kS, kThreads>(do_s, dout, q_stride, geo.num_q - rb);
-    device::CpAsyncCommit();
+    device::LoadTileAsync<T, kBwdBlockQ, D, kS, kThreads>(q_dst, q, q_stride, geo.num_q - rb);
+    device::LoadTileAsync<T, kBwdBlockQ, D, kS, kThreads>(q_dst + kBwdBlockQ * kS, dout, q_stride,
+                                                          geo.num_q - rb);
+  };
+  const int num_q_blocks = static_cast<int>(CeilBlocks(row_end - row_begin, kBwdBlockQ));
+  load_q(row_begin, 0);  // committed together with K and V
+  device::CpAsyncCommit();
+
+  for (int qb = 0; qb < num_q_blocks; ++qb) {
+    const int64_t rb = row_begin + static_cast<int64_t>(qb) * kBwdBlockQ;
+    const int buf = Traits::kQBuffers == 2 ? (qb & 1) : 0;
+    const bool prefetch = Traits::kQBuffers == 2 && qb + 1 < num_q_blocks;
+    if (prefetch) {  // the other buffer was last read before the previous trailing barrier
+      load_q(rb + kBwdBlockQ, buf ^ 1);
+      device::CpAsyncCommit();
+    }
+    const T* q_s = q_base + buf * 2 * kBwdBlockQ * kS;  // [kBwdBlockQ][kS]
+    const T* do_s = q_s + kBwdBlockQ * kS;               // [kBwdBlockQ][kS]
     for (int r = threadIdx.x; r < kBwdBlockQ; r += kThreads) {
       const int64_t row = rb + r;
       float lse = INFINITY, delta = 0.f;
@@ -133,7 +153,11 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
       lse_s[r] = lse;
       delta_s[r] = delta;
     }
-    device::CpAsyncWait<0>();
+    if (prefetch) {
+      device::CpAsyncWait<1>();  // this block's group, not the prefetch
+    } else {
+      device::CpAsyncWait<0>();
+    }
     __syncthreads();
     const bool interior = BlockIsInterior(geo, rb, rb + kBwdBlockQ, key0, key0 + kBwdBlockK);
 
@@ -255,7 +279,11 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
         }
       }
     }
-    __syncthreads();  // the next Q block overwrites q_s, do_s, pt_s, dst_s
+    __syncthreads();  // the next Q block overwrites a Q/dO buffer, pt_s, dst_s, dsl_s
+    if (Traits::kQBuffers == 1 && qb + 1 < num_q_blocks) {
+      load_q(rb + kBwdBlockQ, 0);
+      device::CpAsyncCommit();
+    }
   }
 
   const int64_t kv_acc_stride = static_cast<int64_t>(p.num_heads_kv) * D;
