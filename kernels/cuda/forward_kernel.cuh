@@ -1,9 +1,10 @@
 // Forward attention work items on the GPU (FlashAttention-2 structure).
 //
-// One CTA of 4 warps per (tile = (item, 64-row Q block), query head). The Q
-// block is copied to shared memory once; the K/V blocks its rows can see
-// (QBlockKeyRange) stream through a double buffer filled by cp.async while
-// the previous block is computed. Each warp owns 16 query rows:
+// One CTA of 4 warps per (tile = (item, Q block of 128 rows, 64 for
+// D = 256), query head). The Q block is copied to shared memory once; the
+// K/V blocks its rows can see (QBlockKeyRange) stream through a double
+// buffer filled by cp.async while the previous block is computed. Each warp
+// owns 32 query rows (16 for D = 256):
 //   S = Q·K^T           mma.sync m16n8k16, fp32 accumulators in registers
 //   mask                only on blocks that are not interior (BlockIsInterior)
 //   online softmax      fp32, log2 domain, running max and per-lane row sums
