@@ -246,6 +246,16 @@ TEST(KernelEmulationTest, PackedDocumentsWithInteriorBlocks) {
   c.num_q = c.num_k = 200;
   c.slices = LowerDocuments({0, 200}, /*causal=*/false, /*window=*/-1);
   RunCase(c, false, &rng);
+  // Two 128-row m-tiles per warp, GQA 3:1, a window, several K blocks.
+  c.shape = {3, 1, 128, DType::kFloat16, 1.f / std::sqrt(128.f)};
+  c.num_q = c.num_k = 290;
+  c.slices = LowerDocuments({0, 5, 290}, /*causal=*/true, /*window=*/150);
+  RunCase(c, false, &rng);
+  // D = 256: 64-row Q blocks, 32-key K blocks, one Q/dO buffer, 16 warps.
+  c.shape = {2, 2, 256, DType::kBFloat16, 1.f / 16.f};
+  c.num_q = c.num_k = 150;
+  c.slices = LowerDocuments({0, 70, 150}, /*causal=*/true, /*window=*/-1);
+  RunCase(c, true, &rng);
 }
 
 // The element-wise kernels, launched as attention_util.cu launches them.
