@@ -35,11 +35,23 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
 #include "common/dtype.h"
 #include "common/mask.h"
 #include "common/workload.h"
 #include "kernels/cuda/attention.h"
 #include "tests/gpu/device_buffer.h"
+
+ABSL_FLAG(std::string, workload, "", "document lengths, one per line (default: FindWorkload())");
+ABSL_FLAG(int64_t, tokens, 16384, "tokens in the packed sequence");
+ABSL_FLAG(int, heads, 16, "query heads (= kv heads)");
+ABSL_FLAG(int, head_dim, 128, "head dimension: 64, 128 or 256");
+ABSL_FLAG(std::string, dtype, "bf16", "bf16 or fp16");
+ABSL_FLAG(int, reps, 20, "timed runs per measurement (median)");
+ABSL_FLAG(uint64_t, seed, 2026, "shuffle and data seed");
+ABSL_FLAG(std::string, cu_seqlens_out, "", "write the pack's cu_seqlens here");
+ABSL_FLAG(std::string, dump_dir, "", "write a small problem's inputs and outputs here");
 
 namespace hsap {
 namespace {
@@ -61,33 +73,20 @@ struct Options {
 };
 
 Options ParseOptions(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      const std::string prefix = std::string("--") + name + "=";
-      return arg.rfind(prefix, 0) == 0 ? argv[i] + prefix.size() : nullptr;
-    };
-    if (const char* v = value("workload")) o.workload = v;
-    else if (const char* v = value("tokens")) o.tokens = std::atoll(v);
-    else if (const char* v = value("heads")) o.heads = std::atoi(v);
-    else if (const char* v = value("head_dim")) o.head_dim = std::atoi(v);
-    else if (const char* v = value("reps")) o.reps = std::atoi(v);
-    else if (const char* v = value("seed")) o.seed = std::strtoull(v, nullptr, 10);
-    else if (const char* v = value("cu_seqlens_out")) o.cu_seqlens_out = v;
-    else if (const char* v = value("dump_dir")) o.dump_dir = v;
-    else if (const char* v = value("dtype")) {
-      if (!ParseDType(v, &o.dtype)) {
-        std::fprintf(stderr, "unknown --dtype=%s\n", v);
-        std::exit(2);
-      }
-    } else {
-      std::fprintf(stderr,
-                   "usage: kernel_bench [--workload=FILE] [--tokens=16384] [--heads=16] "
-                   "[--head_dim=128] [--dtype=bf16] [--reps=20] [--seed=2026] "
-                   "[--cu_seqlens_out=FILE] [--dump_dir=DIR]\n");
-      std::exit(2);
-    }
+  o.workload = absl::GetFlag(FLAGS_workload);
+  o.tokens = absl::GetFlag(FLAGS_tokens);
+  o.heads = absl::GetFlag(FLAGS_heads);
+  o.head_dim = absl::GetFlag(FLAGS_head_dim);
+  o.reps = absl::GetFlag(FLAGS_reps);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.cu_seqlens_out = absl::GetFlag(FLAGS_cu_seqlens_out);
+  o.dump_dir = absl::GetFlag(FLAGS_dump_dir);
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  if (!ParseDType(dtype, &o.dtype)) {
+    std::fprintf(stderr, "unknown --dtype=%s\n", dtype.c_str());
+    std::exit(2);
   }
   if (o.workload.empty()) o.workload = FindWorkload();
   return o;
