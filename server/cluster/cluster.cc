@@ -509,6 +509,7 @@ absl::Status Cluster::AgreePlan(const CallKey& call, const std::string& plan_key
                                 absl::Time deadline) {
   HSAP_RETURN_IF_ERROR(agreement_.SetLocal(call, plan_key));
   std::vector<std::pair<int32_t, v1::Peer::Stub*>> pending;
+  std::vector<uint64_t> incarnation;  // per node, when the agreement started
   v1::AgreePlanRequest request;
   absl::Duration rpc_timeout;
   {
@@ -516,6 +517,7 @@ absl::Status Cluster::AgreePlan(const CallKey& call, const std::string& plan_key
     if (!started_) return absl::FailedPreconditionError("the cluster has not started");
     for (const auto& p : peers_) {
       if (p->stub != nullptr) pending.emplace_back(p->node, p->stub.get());
+      incarnation.push_back(p->incarnation);
     }
     request.set_node_rank(options_.node_rank);
     rpc_timeout = options_.rpc_timeout;
@@ -529,6 +531,16 @@ absl::Status Cluster::AgreePlan(const CallKey& call, const std::string& plan_key
       absl::MutexLock lock(&mu_);
       auto aborted = aborted_calls_.find({call.group, call.call_seq, false});
       if (aborted != aborted_calls_.end()) return aborted->second;
+      // A node we wait for that went DOWN or restarted will never confirm:
+      // end now, not at the deadline.
+      for (const auto& [node, stub] : pending) {
+        const Peer& p = *peers_[node];
+        if (p.state == NodeState::kDown || p.incarnation != incarnation[node]) {
+          return absl::UnavailableError(absl::StrCat(
+              "plan agreement for group '", call.group, "' call_seq ", call.call_seq,
+              ": node ", node, p.state == NodeState::kDown ? " is down" : " restarted"));
+        }
+      }
     }
     for (auto it = pending.begin(); it != pending.end();) {
       grpc::ClientContext context;

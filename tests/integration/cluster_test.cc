@@ -63,7 +63,9 @@ TEST(ClusterTest, KilledNodeAbortsCallsAndRejoins) {
   auto cluster = LocalCluster::Start(2, 2, kFlags);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitFormed(absl::Seconds(30)).ok());
-  // A long call: one 6K-token bidirectional document.
+  // A call that cannot finish before the kill, however fast the machine:
+  // rank 3 (node 1) never submits, so ranks 0-2 wait for it (a timed "long
+  // call" finished before the kill on a quiet machine).
   const GlobalProblem big = MakeProblem({0, 6144}, false, 3, /*with_reference=*/false);
   GroupSpec spec;
   spec.group = "doomed";
@@ -73,9 +75,9 @@ TEST(ClusterTest, KilledNodeAbortsCallsAndRejoins) {
   spec.strategy = hsap::v1::STRATEGY_SAP;
   spec.assignment = hsap::v1::ASSIGNMENT_CONTIGUOUS;
   spec.deadline_ms = 10000;
+  spec.missing_rank = 3;
   std::vector<absl::Status> statuses;
   spec.statuses = &statuses;
-  const absl::Time start = absl::Now();
   auto running = std::async(std::launch::async, [&] { return RunGroup(big, spec); });
   absl::SleepFor(absl::Milliseconds(700));
   const absl::Time killed = absl::Now();
@@ -83,7 +85,7 @@ TEST(ClusterTest, KilledNodeAbortsCallsAndRejoins) {
   auto r = running.get();
   const absl::Duration took = absl::Now() - killed;
   ASSERT_FALSE(r.ok());
-  ASSERT_EQ(statuses.size(), 4u);
+  ASSERT_EQ(statuses.size(), 3u);
   // Ranks 0 and 1 live on the surviving node: their calls end with the
   // lost peer's status. Ranks 2 and 3 lost their daemon (the client sees
   // the broken connection).
@@ -94,8 +96,9 @@ TEST(ClusterTest, KilledNodeAbortsCallsAndRejoins) {
     std::printf("killed node: surviving rank %d ended with %s\n", rank,
                 statuses[rank].ToString().c_str());
   }
-  for (int rank = 2; rank < 4; ++rank) EXPECT_FALSE(statuses[rank].ok());
-  EXPECT_LT(took, absl::Milliseconds(2 * spec.deadline_ms)) << "took " << took;
+  EXPECT_FALSE(statuses[2].ok());
+  // Ended by the node's loss, well before the call's deadline.
+  EXPECT_LT(took, absl::Milliseconds(spec.deadline_ms / 2)) << "took " << took;
   std::printf("killed node: every rank's call ended %s after the kill (deadline %u ms)\n",
               absl::FormatDuration(took).c_str(), spec.deadline_ms);
 
@@ -116,6 +119,8 @@ TEST(ClusterTest, KilledNodeAbortsCallsAndRejoins) {
   ASSERT_TRUE((*cluster)->WaitFormed(absl::Seconds(30)).ok());
   GroupSpec again = spec;
   again.group = "reborn";
+  again.missing_rank = -1;
+  again.statuses = nullptr;
   again.sockets = (*cluster)->sockets();
   auto back = RunGroup(small, again);
   ASSERT_TRUE(back.ok()) << back.status();
