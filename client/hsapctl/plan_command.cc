@@ -1,8 +1,9 @@
 // `hsapctl plan`: compiles a plan offline (no daemon needed) and prints it
 // or its statistics.
 //
-//   hsapctl plan --cu_seqlens_file=docs.txt --ranks=16 --nodes=2 \
+//   hsapctl plan --cu_seqlens_file=docs.txt --ranks=16 --nodes=2
 //       --heads=32 --kv_heads=8 --head_dim=128 --strategy=hsap --format=json
+// (one command line)
 #include <cstdio>
 #include <fstream>
 #include <sstream>
