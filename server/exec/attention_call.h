@@ -5,6 +5,7 @@
 #define HSAP_SERVER_EXEC_ATTENTION_CALL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,8 @@ struct AttentionCall {
   std::vector<MaskSlice> slices;  // the mask, lowered
   // Tensors (forward: q, k, v, o, lse; backward adds d_o, dq, dk, dv).
   BoundTensor q, k, v, o, lse, d_o, dq, dk, dv;
+  // True once the caller gave up (the gRPC call was cancelled); may be empty.
+  std::function<bool()> cancelled;
 };
 
 }  // namespace hsap

@@ -51,7 +51,22 @@ absl::StatusOr<std::shared_ptr<const MatchedCall>> CallMatcher::Arrive(const Cal
   auto done = [&call, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return call.matched != nullptr || !call.failure.ok() || !aborted_.ok();
   };
-  const bool in_time = mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  bool in_time = false;
+  if (!a.cancelled) {
+    in_time = mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  } else {
+    while (!(in_time = mu_.AwaitWithDeadline(absl::Condition(&done),
+                                             std::min(deadline, absl::Now() + kCancelPoll)))) {
+      if (absl::Now() >= deadline) break;
+      if (a.cancelled()) {
+        call.failure = absl::CancelledError(absl::StrCat(
+            "call ", a.call_seq, " of group '", a.group, "': the client of rank ", a.rank,
+            " cancelled the call or went away"));
+        in_time = true;
+        break;
+      }
+    }
+  }
   if (!in_time && call.failure.ok() && call.matched == nullptr) {
     std::vector<int32_t> missing;
     for (int32_t r : a.local_ranks) {

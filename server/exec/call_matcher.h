@@ -46,7 +46,14 @@ struct CallArrival {
   std::vector<int32_t> local_ranks;
   // Everything the ranks must agree on, e.g. the plan key in hex.
   std::string agreement_key;
+  // When set, polled while the rank waits for its group (every
+  // kCancelPoll): true means this rank's client gave up (a cancelled gRPC
+  // call). The call then fails CANCELLED for every rank, like a deadline,
+  // so the waiting ranks' regions are released at once.
+  std::function<bool()> cancelled;
 };
+
+inline constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
 // What the ranks of one matched call share.
 struct MatchedCall {

@@ -74,6 +74,32 @@ TEST(CallMatcherTest, MissingRankFailsEveryoneWithDeadlineExceeded) {
   for (auto& x : next) EXPECT_TRUE(x.ok()) << x.status();
 }
 
+TEST(CallMatcherTest, CancelledRankFailsEveryoneAtOnceWithCancelled) {
+  CallMatcher m;
+  std::atomic<bool> gave_up{false};
+  CallArrival cancelling = Arrival(1, 1);
+  cancelling.cancelled = [&gave_up] { return gave_up.load(); };
+  std::thread canceller([&gave_up] {
+    absl::SleepFor(absl::Milliseconds(150));
+    gave_up = true;
+  });
+  const absl::Time start = absl::Now();
+  // Rank 3 never comes; the deadline is far: only the cancellation ends it.
+  auto r = RunRanks(m, {Arrival(0, 1), cancelling, Arrival(2, 1)}, absl::Seconds(30));
+  canceller.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (auto& x : r) {
+    EXPECT_EQ(x.status().code(), absl::StatusCode::kCancelled) << x.status();
+    EXPECT_THAT(std::string(x.status().message()), HasSubstr("the client of rank 1 cancelled the call or went away"));
+  }
+  // The late rank sees the same failure; the next call works.
+  EXPECT_EQ(m.Arrive(Arrival(3, 1), absl::Now() + absl::Seconds(10)).status().code(),
+            absl::StatusCode::kCancelled);
+  auto next = RunRanks(m, {Arrival(0, 2), Arrival(1, 2), Arrival(2, 2), Arrival(3, 2)},
+                       absl::Seconds(10));
+  for (auto& x : next) EXPECT_TRUE(x.ok()) << x.status();
+}
+
 TEST(CallMatcherTest, DisagreementIsInvalidArgumentForAll) {
   CallMatcher m;
   auto r = RunRanks(m, {Arrival(0, 1, "aaa"), Arrival(1, 1, "aaa"), Arrival(2, 1, "bbb"),

@@ -138,6 +138,7 @@ absl::Status RunCall(const AttentionCall& call, const CallRunnerOptions& options
   const int32_t local = multi_node ? options.devices_per_node : call.group_size;
   for (int32_t r = first; r < first + local; ++r) arrival.local_ranks.push_back(r);
   arrival.agreement_key = absl::StrCat(outcome->plan_key, call.backward ? "/bwd" : "/fwd");
+  arrival.cancelled = call.cancelled;
   const absl::Duration budget =
       call.deadline_ms > 0 ? absl::Milliseconds(call.deadline_ms) : options.default_deadline;
   const absl::Time start = absl::Now();

@@ -46,6 +46,7 @@ grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, con
   if (!session.ok()) return ToGrpcStatus(session.status());
   absl::StatusOr<AttentionCall> call = validate(request, *session, &state->regions, state->limits);
   if (!call.ok()) return ToGrpcStatus(call.status());
+  call->cancelled = [&context] { return context.IsCancelled(); };
   CallOutcome outcome;
   absl::Status st =
       RunCall(*call, state->runner, &state->plans, &state->matcher, &state->active, &state->pool,
