@@ -17,6 +17,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -24,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/thread_pool.h"
 #include "server/plan/compiler.h"
 #include "server/plan/plan_cache.h"
 
@@ -41,6 +43,9 @@ ABSL_FLAG(int32_t, head_dim, 128, "head dimension");
 ABSL_FLAG(std::string, profile, "h100", "cost model profile");
 ABSL_FLAG(uint64_t, seed, 1, "shuffle seed");
 ABSL_FLAG(int32_t, max_packs, 0, "compile at most this many packs per T (0: all)");
+ABSL_FLAG(int32_t, compile_threads, 0,
+          "threads of the compile pool (CompileOptions::pool; used from 64 ranks): 0 = the "
+          "machine's hardware threads, 1 = the calling thread only");
 ABSL_FLAG(int32_t, repeats, 3,
           "compiles per pack; the pack's compile time is their median (the machine is shared: "
           "one compile can be descheduled mid-way)");
@@ -136,6 +141,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> assignments =
       absl::StrSplit(absl::GetFlag(FLAGS_assignments), ',', absl::SkipEmpty());
   const int32_t G = absl::GetFlag(FLAGS_devices_per_node);
+  int32_t threads = absl::GetFlag(FLAGS_compile_threads);
+  if (threads <= 0) threads = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+  hsap::ThreadPool pool(threads);
+  std::printf("compile pool: %d thread(s)\n", threads);
   std::vector<std::string> failures;
   std::printf("%8s %4s %-9s %-10s %5s %14s %14s %9s %12s %10s %10s %8s %3s\n", "T", "P",
               "strategy", "assignment", "packs", "busiest_MiB", "total_GiB", "imbal_max",
@@ -171,7 +180,7 @@ int main(int argc, char** argv) {
             for (int rep = 0; rep < repeats; ++rep) {
               plan = absl::StatusOr<Plan>();  // free the previous plan outside the timing
               const auto t0 = Clock::now();
-              plan = CompilePlan(spec);
+              plan = CompilePlan(spec, {.pool = &pool});
               times.push_back(Micros(Clock::now() - t0));
               if (!plan.ok()) {
                 std::fprintf(stderr, "plan_bench: %s\n", plan.status().ToString().c_str());

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -51,7 +52,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   runner.ucx = d->ucx_.get();
   std::vector<std::string> devices;
   for (int i = 0; i < options.cpu_devices; ++i) devices.push_back(absl::StrCat("cpu:", i));
-  d->state_ = std::make_unique<DaemonState>(threads, runner, devices, options.region_limits);
+  int plan_threads = options.plan_compile_threads;
+  if (plan_threads <= 0) plan_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+  d->state_ = std::make_unique<DaemonState>(threads, runner, devices, options.region_limits,
+                                            plan_threads);
   if (options.metrics_port > 0) {
     metrics::ExposerOptions m;
     m.bind_address = absl::StrCat(options.metrics_host, ":", options.metrics_port);

@@ -40,6 +40,9 @@ struct DaemonOptions {
   // CPU device slots ("--devices=cpu:N") and kernel threads (0 = one per core).
   int cpu_devices = 1;
   int cpu_threads = 0;
+  // Threads compiling one plan (PlanCacheOptions::compile_threads; used
+  // from 64 ranks); 0 = one per core, at most 8.
+  int plan_compile_threads = 0;
   // uid allowed on the session socket besides root (default: our own).
   int allowed_uid = -1;
   // Cluster: every node's TCP host:port in node order (empty or one entry:

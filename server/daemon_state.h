@@ -29,12 +29,14 @@ struct DaemonState {
   std::vector<std::string> device_names;  // "cpu:0", ...
 
   DaemonState(int cpu_threads, const CallRunnerOptions& runner_options,
-              const std::vector<std::string>& devices, shm::RegionLimits region_limits = {})
+              const std::vector<std::string>& devices, shm::RegionLimits region_limits = {},
+              int plan_compile_threads = 1)
       : metrics(&metrics_registry, metrics::HsapMetricsOptions{devices}),
         device_names(devices),
         regions(region_limits),
         sessions(&regions),
         pool(cpu_threads),
+        plans(plan::PlanCacheOptions{.compile_threads = plan_compile_threads}),
         matcher(CallResources(runner_options)),
         runner(runner_options) {}
 

@@ -31,6 +31,9 @@ ABSL_FLAG(int, metrics_port, 0, "HTTP port serving Prometheus /metrics; 0 = off"
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address of the /metrics endpoint");
 ABSL_FLAG(std::string, devices, "cpu:1", "device slots of this node: cpu:N");
 ABSL_FLAG(int, cpu_threads, 0, "threads for the CPU kernels; 0 = one per core");
+ABSL_FLAG(int, plan_compile_threads, 0,
+          "threads compiling one plan (used from 64 ranks; the plan does not depend on it); "
+          "0 = one per core, at most 8");
 ABSL_FLAG(int, call_deadline_ms, 60000,
           "deadline of a call whose request gives none: every rank must arrive and finish by then");
 ABSL_FLAG(std::vector<std::string>, peers, {},
@@ -73,6 +76,7 @@ int main(int argc, char** argv) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.plan_compile_threads = absl::GetFlag(FLAGS_plan_compile_threads);
   options.call_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_call_deadline_ms));
   options.peers = absl::GetFlag(FLAGS_peers);
   options.node_rank = absl::GetFlag(FLAGS_node_rank);

@@ -1,34 +1,12 @@
-// A fixed-size pool of worker threads for the CPU kernels. The daemon owns
-// one pool per CPU device slot and sets its size (--cpu_threads).
+// The CPU kernels' thread pool is the common one (common/thread_pool.h).
 #ifndef HSAP_KERNELS_CPU_THREAD_POOL_H_
 #define HSAP_KERNELS_CPU_THREAD_POOL_H_
 
-#include <cstdint>
-#include <functional>
+#include "common/thread_pool.h"
 
 namespace hsap::kernels::cpu {
 
-class ThreadPool {
- public:
-  // Starts `num_threads - 1` workers; the calling thread of ParallelFor is
-  // the last one. num_threads >= 1.
-  explicit ThreadPool(int num_threads);
-  ~ThreadPool();  // joins the workers
-  ThreadPool(const ThreadPool&) = delete;
-  ThreadPool& operator=(const ThreadPool&) = delete;
-
-  int num_threads() const;
-
-  // Calls fn(i) for every i in [0, n), spread over the threads, and returns
-  // when all calls have returned. Not reentrant: fn must not call
-  // ParallelFor on the same pool. Thread-safe: concurrent callers are
-  // serialised.
-  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
-
- private:
-  struct State;
-  State* state_;
-};
+using ::hsap::ThreadPool;
 
 }  // namespace hsap::kernels::cpu
 

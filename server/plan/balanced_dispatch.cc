@@ -8,6 +8,7 @@
 
 #include "server/plan/demand.h"
 #include "server/plan/dispatch.h"
+#include "server/plan/parallel.h"
 
 namespace hsap::plan::internal {
 namespace {
@@ -102,8 +103,9 @@ struct Attempt {
 
 // Ranks ordered by a key (area or need), among those with room: a segment
 // tree over ranks holding the (key, rank) minimum and the largest room of
-// each subtree. Update is O(log P); Visit walks ranks in key order
-// best-first, skipping subtrees without enough room, in O(k log P).
+// each subtree. Update is O(log P); Visit finds the k best ranks with
+// enough room in one pruned depth-first search, O(k log P) when keys are
+// spread.
 class RankTree {
  public:
   RankTree(const std::vector<int64_t>* keys, const std::vector<int64_t>* cap)
@@ -120,36 +122,37 @@ class RankTree {
     for (i /= 2; i >= 1; i /= 2) Pull(i);
   }
   // Calls f(rank) for ranks with room >= min_room in (key, rank) order until
-  // f returns true or `limit` ranks were visited. Each rank is found by a
-  // depth-first search for the least (key, rank) above the previous one,
-  // pruning subtrees without enough room or with a minimum no better than
-  // the best so far (no heap: limit is 1 or 2 here).
+  // f returns true or `limit` (<= kMaxVisit) ranks were visited.
+  static constexpr int kMaxVisit = 2;
   template <typename F>
   void Visit(int limit, int64_t min_room, F&& f) {
-    Key after = {INT64_MIN, INT32_MIN};
-    for (int k = 0; k < limit; ++k) {
-      Key best = kNone;
-      Search(1, min_room, after, &best);
-      if (best == kNone) return;
-      if (f(best.second)) return;
-      after = best;
+    Key best[kMaxVisit];
+    int found = 0;
+    Search(1, min_room, std::min(limit, kMaxVisit), best, &found);
+    for (int k = 0; k < found; ++k) {
+      if (f(best[k].second)) return;
     }
   }
 
  private:
   using Key = std::pair<int64_t, int32_t>;
   static constexpr Key kNone = {INT64_MAX, INT32_MAX};
-  // Least leaf key > after with room >= min_room under node i, if < *best.
-  void Search(size_t i, int64_t min_room, const Key& after, Key* best) const {
-    if (room_[i] < min_room || !(min_[i] < *best)) return;
+  // Keeps in best[0, *found) (ascending, at most `limit`) the least leaf
+  // keys with room >= min_room; a subtree whose minimum cannot enter the
+  // list, or without a leaf with enough room, is skipped.
+  void Search(size_t i, int64_t min_room, int limit, Key* best, int* found) const {
+    if (room_[i] < min_room || min_[i] == kNone) return;
+    if (*found == limit && !(min_[i] < best[limit - 1])) return;
     if (i >= n_) {
-      if (after < min_[i]) *best = min_[i];
+      int k = *found < limit ? (*found)++ : limit - 1;
+      for (; k > 0 && min_[i] < best[k - 1]; --k) best[k] = best[k - 1];
+      best[k] = min_[i];
       return;
     }
     size_t a = 2 * i, b = 2 * i + 1;
     if (min_[b] < min_[a]) std::swap(a, b);
-    Search(a, min_room, after, best);
-    Search(b, min_room, after, best);
+    Search(a, min_room, limit, best, found);
+    Search(b, min_room, limit, best, found);
   }
   size_t SetLeaf(size_t r) {
     const size_t i = n_ + r;
@@ -284,7 +287,8 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
 }  // namespace
 
 std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> slices,
-                                                    int64_t total, int32_t ranks) {
+                                                    int64_t total, int32_t ranks,
+                                                    ThreadPool* pool) {
   if (total == 0) return std::vector<std::vector<TokenRange>>(ranks);
   const std::vector<Unit> units = BuildUnits(slices, total);
   const int64_t quota = std::max<int64_t>(1, Quota(total, ranks, 0));
@@ -292,18 +296,18 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
   // The exact need of the busiest rank (DESIGN.md §8), for the attempts
   // balanced enough to compete on communication.
   auto exact_max_need = [&](std::vector<std::vector<TokenRange>>* ranges) {
-    int64_t worst = 0;
-    for (int32_t r = 0; r < ranks; ++r) {
+    std::vector<int64_t> need(ranks, 0);
+    ForEachIndex(pool, ranks, [&](int64_t r) {
       (*ranges)[r] = Normalize(std::move((*ranges)[r]));
       std::vector<OwnerSegment> home;
       int64_t row = 0;
       for (const TokenRange& t : (*ranges)[r]) {
-        home.push_back({t.begin, t.end, r, row});
+        home.push_back({t.begin, t.end, static_cast<int32_t>(r), row});
         row += t.size();
       }
-      worst = std::max(worst, TotalTokens(ExactNeed(ComputeDemands(index, home), home)));
-    }
-    return worst;
+      need[r] = TotalTokens(ExactNeed(ComputeDemands(index, home), home));
+    });
+    return *std::max_element(need.begin(), need.end());
   };
   Attempt best;
   auto consider = [&](Attempt a) {
@@ -315,6 +319,15 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
       best = std::move(a);
     }
   };
+  // The attempts of one item list with each slack, over the pool.
+  auto place_all = [&](const std::vector<Item>& items, absl::Span<const double> slacks) {
+    std::vector<Attempt> out(slacks.size());
+    ForEachIndex(pool, static_cast<int64_t>(slacks.size()), [&](int64_t i) {
+      out[i] = Place(slices, units, items, total, ranks, slacks[i]);
+    });
+    for (Attempt& a : out) consider(std::move(a));
+  };
+  constexpr double kSlacks[] = {0.0, 0.04};
   // Equal-token pieces of a quota, 1/2, ..., 1/32 of it (coarse to fine);
   // one level past the first balanced one is enough: finer pieces only
   // scatter documents further.
@@ -339,13 +352,13 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
       skipped.push_back(piece);
       continue;
     }
-    for (double slack : {0.0, 0.04}) consider(Place(slices, units, items, total, ranks, slack));
+    place_all(items, kSlacks);
     if (levels_after_good >= 0 || best.imbalance <= kBalancedImbalanceGoal) ++levels_after_good;
   }
   if (best.imbalance < 0 || best.imbalance > kBalancedImbalanceGoal) {
     for (int64_t piece : skipped) {
       const std::vector<Item> items = MakeItems(slices, units, piece);
-      for (double slack : {0.0, 0.04}) consider(Place(slices, units, items, total, ranks, slack));
+      place_all(items, kSlacks);
     }
   }
   // Nothing balanced yet: finer pieces, down to 16 tokens.

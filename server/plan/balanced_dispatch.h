@@ -29,14 +29,18 @@
 
 #include "absl/types/span.h"
 #include "common/mask.h"
+#include "common/thread_pool.h"
 #include "server/plan/token_range.h"
 
 namespace hsap::plan::internal {
 
-// Per rank, its token ranges (sorted, merged). REQUIRES: slices sorted by
-// q_begin, non-overlapping, within [0, total); ranks >= 1.
+// Per rank, its token ranges (sorted, merged). The two slacks of a level
+// and the exact-need evaluation run over `pool` when set (same result).
+// REQUIRES: slices sorted by q_begin, non-overlapping, within [0, total);
+// ranks >= 1.
 std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> slices,
-                                                    int64_t total, int32_t ranks);
+                                                    int64_t total, int32_t ranks,
+                                                    ThreadPool* pool = nullptr);
 
 // The area imbalance the solver accepts without looking for a more balanced
 // cutting.

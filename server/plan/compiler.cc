@@ -10,10 +10,12 @@
 #include "server/plan/cost_model.h"
 #include "server/plan/demand.h"
 #include "server/plan/inner_level.h"
+#include "server/plan/parallel.h"
 
 namespace hsap::plan {
 namespace {
 
+using internal::ForEachIndex;
 using internal::InnerKind;
 using internal::InnerRank;
 
@@ -170,12 +172,12 @@ int64_t BufferBytes(const TransferList& ts) {
   return b;
 }
 
-void FillStats(const std::vector<MaskSlice>& slices, Plan* plan) {
+void FillStats(const std::vector<MaskSlice>& slices, ThreadPool* pool, Plan* plan) {
   PlanStats& ps = plan->stats;
   ps.total_area = 0;
   for (const MaskSlice& s : slices) ps.total_area += SliceArea(s);
-  int64_t head_area_sum = 0, head_area_max = 0;
-  for (RankPlan& rp : plan->ranks) {
+  ForEachIndex(pool, static_cast<int64_t>(plan->ranks.size()), [plan](int64_t r) {
+    RankPlan& rp = plan->ranks[r];
     RankStats& rs = rp.stats;
     for (const Stage& st : rp.forward) {
       AddBytes(st.recvs, &rs.fwd_recv_bytes);
@@ -192,6 +194,10 @@ void FillStats(const std::vector<MaskSlice>& slices, Plan* plan) {
       rs.peak_recv_buffer_bytes =
           std::max(rs.peak_recv_buffer_bytes, BufferBytes(st.return_recvs));
     }
+  });
+  int64_t head_area_sum = 0, head_area_max = 0;
+  for (const RankPlan& rp : plan->ranks) {
+    const RankStats& rs = rp.stats;
     head_area_sum += rs.head_area;
     head_area_max = std::max(head_area_max, rs.head_area);
     ps.max_fwd_recv_bytes = std::max(ps.max_fwd_recv_bytes, rs.FwdRecvBytes());
@@ -206,8 +212,9 @@ void FillStats(const std::vector<MaskSlice>& slices, Plan* plan) {
 }
 
 absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
-               const SliceIndex& index, const Dispatch& dispatch, Strategy strategy,
-               const HardwareProfile& profile) {
+                               const SliceIndex& index, const Dispatch& dispatch,
+                               Strategy strategy, const HardwareProfile& profile,
+                               ThreadPool* pool) {
   const Topology& topo = spec.topology;
   const int32_t P = topo.num_ranks();
   const int32_t U = HeadGroupSize(strategy, topo);
@@ -247,7 +254,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
   if (strategy == Strategy::kRing || strategy == Strategy::kUsp) kind = InnerKind::kRing;
   if (strategy == Strategy::kAllGather) kind = InnerKind::kAllGather;
   HSAP_ASSIGN_OR_RETURN(std::vector<InnerRank> inner,
-                        internal::BuildInnerLevel(index, home, owners, kind, budget_rows));
+                        internal::BuildInnerLevel(index, home, owners, kind, budget_rows, pool));
   const size_t inner_stages = inner[0].stages.size();
   const int64_t kappa_full = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
   // Work-item areas of the inner stages, summed once per group (its ranks
@@ -266,11 +273,11 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     return area;
   };
   std::vector<std::vector<std::array<int64_t, 2>>> inner_area(V);
-  for (int32_t v = 0; v < V; ++v) {
+  ForEachIndex(pool, V, [&](int64_t v) {
     for (const Stage& st : inner[v].stages) {
       inner_area[v].push_back({items_area(st.overlap_items), items_area(st.items)});
     }
-  }
+  });
   std::vector<std::vector<std::array<int64_t, 2>>> stage_area(P);
 
   Plan plan;
@@ -279,7 +286,10 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
   plan.head_group_size = U;
   plan.dispatch = dispatch;
   plan.ranks.resize(P);
-  for (int32_t d = 0; d < P; ++d) {
+  // Ranks are independent: with U = 1 rank d alone moves inner[d]'s lists;
+  // with head groups the ranks of a group copy (share) them.
+  ForEachIndex(pool, P, [&](int64_t rank) {
+    const int32_t d = static_cast<int32_t>(rank);
     const int32_t v = d / U, u = d % U, g0 = v * U;
     const HeadSlot& slot = slots[u];
     RankPlan& rp = plan.ranks[d];
@@ -337,9 +347,9 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
       rs.lower_bound_recv_bytes =
           head_bytes + (slot.num_q() > 0 ? inner[v].exact_need_rows * kappa : 0);
     }
-  }
-  FillStats(slices, &plan);
-  ModelPlanTimeWithAreas(profile, stage_area, &plan);
+  });
+  FillStats(slices, pool, &plan);
+  ModelPlanTimeWithAreas(profile, stage_area, &plan, pool);
   return plan;
 }
 
@@ -481,12 +491,14 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
   return (fwd + bwd) * 1e6;
 }
 
-absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given) {
+absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
+                             const CompileOptions& options) {
   HSAP_RETURN_IF_ERROR(ValidatePlanSpec(spec));
   const absl::Time start = absl::Now();
   const std::vector<MaskSlice> slices = ResolveSlices(spec);
   const SliceIndex index(slices);
   const int32_t P = spec.topology.num_ranks();
+  ThreadPool* const pool = P >= internal::kParallelMinRanks ? options.pool : nullptr;
   Dispatch dispatch;
   if (given != nullptr) {
     if (given->num_ranks() != P || given->total_tokens != spec.total_tokens) {
@@ -497,7 +509,7 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given) {
     HSAP_RETURN_IF_ERROR(ValidateDispatch(*given));
     dispatch = *given;
   } else {
-    dispatch = ComputeDispatch(spec.assignment, slices, spec.total_tokens, P);
+    dispatch = ComputeDispatch(spec.assignment, slices, spec.total_tokens, P, pool);
   }
   const HardwareProfile& profile = GetHardwareProfile(spec.profile);
   Plan plan;
@@ -552,7 +564,8 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given) {
         candidates[i].modeled_us = same->second;
         continue;
       }
-      absl::StatusOr<Plan> built_plan = BuildPlan(spec, slices, index, dispatch, kOrder[i], profile);
+      absl::StatusOr<Plan> built_plan =
+          BuildPlan(spec, slices, index, dispatch, kOrder[i], profile, pool);
       if (!built_plan.ok()) {
         // This strategy cannot be planned here (too many stages): not a
         // candidate. Its bound stays in stats.candidates.
@@ -571,7 +584,8 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given) {
     if (best < 0) return first_error;
     plan.stats.candidates = std::move(candidates);
   } else {
-    HSAP_ASSIGN_OR_RETURN(plan, BuildPlan(spec, slices, index, dispatch, spec.strategy, profile));
+    HSAP_ASSIGN_OR_RETURN(
+        plan, BuildPlan(spec, slices, index, dispatch, spec.strategy, profile, pool));
   }
   plan.spec = spec;
   plan.format_version = kPlanFormatVersion;
@@ -606,10 +620,13 @@ int32_t HeadGroupSize(Strategy strategy, const Topology& topology) {
   }
 }
 
-absl::StatusOr<Plan> CompilePlan(const PlanSpec& spec) { return Compile(spec, nullptr); }
+absl::StatusOr<Plan> CompilePlan(const PlanSpec& spec, const CompileOptions& options) {
+  return Compile(spec, nullptr, options);
+}
 
-absl::StatusOr<Plan> CompilePlanForDispatch(const PlanSpec& spec, const Dispatch& dispatch) {
-  return Compile(spec, &dispatch);
+absl::StatusOr<Plan> CompilePlanForDispatch(const PlanSpec& spec, const Dispatch& dispatch,
+                                            const CompileOptions& options) {
+  return Compile(spec, &dispatch, options);
 }
 
 }  // namespace hsap::plan

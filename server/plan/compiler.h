@@ -14,6 +14,7 @@
 #define HSAP_SERVER_PLAN_COMPILER_H_
 
 #include "absl/status/statusor.h"
+#include "common/thread_pool.h"
 #include "server/plan/plan.h"
 #include "server/plan/plan_spec.h"
 
@@ -28,12 +29,23 @@ namespace hsap::plan {
 // that of building all six. stats.candidates lists all six in that order:
 // the modeled time of each built candidate, the lower bound (above the
 // chosen plan's time) of each skipped one.
-absl::StatusOr<Plan> CompilePlan(const PlanSpec& spec);
+//
+// How a compilation runs, not what it produces: not part of the plan key.
+struct CompileOptions {
+  // Spreads the per-rank work (dispatch attempts, demands, stage lists, work
+  // items, statistics) over this pool when the topology has at least 64
+  // ranks; nullptr: the calling thread only. The plan is the same, bit for
+  // bit, whatever the pool. Concurrent compilations sharing a pool take
+  // turns in its parallel loops.
+  ThreadPool* pool = nullptr;
+};
+absl::StatusOr<Plan> CompilePlan(const PlanSpec& spec, const CompileOptions& options = {});
 
 // Compiles `spec` with a given assignment instead of spec.assignment's
 // (a data loader's own layout). INVALID_ARGUMENT when `dispatch` is not a
 // partition of [0, total_tokens) over the topology's ranks.
-absl::StatusOr<Plan> CompilePlanForDispatch(const PlanSpec& spec, const Dispatch& dispatch);
+absl::StatusOr<Plan> CompilePlanForDispatch(const PlanSpec& spec, const Dispatch& dispatch,
+                                            const CompileOptions& options = {});
 
 // The head slot of position `u` in a head-parallel group of `group_size`:
 // q heads [u Hq / U, (u + 1) Hq / U) (possibly empty when Hq < U: that rank

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "server/plan/parallel.h"
 #include "server/plan/plan.h"
 
 namespace hsap::plan {
@@ -78,18 +79,27 @@ double ComputeSeconds(const HardwareProfile& p, int64_t area, int64_t heads, int
 }
 
 // area(rank index, stage index, overlap?) -> area of that stage's items.
+// Each rank is modeled on its own (over the pool), then the slowest rank of
+// each stage and the bounds are reduced in rank order.
 template <typename AreaFn>
-void Model(const HardwareProfile& profile, AreaFn&& area, Plan* plan) {
+void Model(const HardwareProfile& profile, AreaFn&& area, Plan* plan, ThreadPool* pool) {
   const int64_t D = plan->spec.shape.head_dim;
   size_t fwd_stages = 0, bwd_stages = 0;
   for (const RankPlan& rp : plan->ranks) {
     fwd_stages = std::max(fwd_stages, rp.forward.size());
     bwd_stages = std::max(bwd_stages, rp.backward.size());
   }
-  std::vector<double> fwd_max(fwd_stages, 0.0), bwd_max(bwd_stages, 0.0);
-  double lb_fwd = 0, lb_bwd = 0;
-  for (size_t ri = 0; ri < plan->ranks.size(); ++ri) {
+  struct RankTimes {
+    std::vector<double> fwd, bwd;  // per stage, seconds
+    double lb_fwd = 0, lb_bwd = 0;
+  };
+  std::vector<RankTimes> times(plan->ranks.size());
+  internal::ForEachIndex(pool, static_cast<int64_t>(plan->ranks.size()), [&](int64_t r) {
+    const size_t ri = static_cast<size_t>(r);
     RankPlan& rp = plan->ranks[ri];
+    RankTimes& rt = times[ri];
+    rt.fwd.assign(rp.forward.size(), 0.0);
+    rt.bwd.assign(rp.backward.size(), 0.0);
     RankStats& rs = rp.stats;
     const int64_t heads = rp.q_head_end - rp.q_head_begin;
     rs.fwd_compute_us = rs.bwd_compute_us = rs.fwd_us = rs.bwd_us = 0;
@@ -101,8 +111,10 @@ void Model(const HardwareProfile& profile, AreaFn&& area, Plan* plan) {
       TierBytes b;
       Add(st.sends, false, &b);
       Add(st.recvs, true, &b);
-      Add(st.sends, false, &fwd_total);
-      Add(st.recvs, true, &fwd_total);
+      for (int t = 0; t < kNumTiers; ++t) {
+        fwd_total.send[t] += b.send[t];
+        fwd_total.recv[t] += b.recv[t];
+      }
       const double xfer = TransferSeconds(profile, b, &rs.fwd_transfer_us);
       const double overlap =
           ComputeSeconds(profile, area(ri, s, false, true), heads, D, false);
@@ -110,7 +122,7 @@ void Model(const HardwareProfile& profile, AreaFn&& area, Plan* plan) {
       const double t = std::max(xfer, overlap) + after;
       rs.fwd_compute_us += (overlap + after) * 1e6;
       rs.fwd_us += t * 1e6;
-      fwd_max[s] = std::max(fwd_max[s], t);
+      rt.fwd[s] = t;
     }
     for (size_t s = 0; s < rp.backward.size(); ++s) {
       const Stage& st = rp.backward[s];
@@ -132,7 +144,7 @@ void Model(const HardwareProfile& profile, AreaFn&& area, Plan* plan) {
       const double t = std::max(xfer, overlap) + after + ret;
       rs.bwd_compute_us += (overlap + after) * 1e6;
       rs.bwd_us += t * 1e6;
-      bwd_max[s] = std::max(bwd_max[s], t);
+      rt.bwd[s] = t;
     }
     for (int t = 0; t < kNumTiers; ++t) {
       rs.fwd_transfer_us[t] *= 1e6;
@@ -146,8 +158,16 @@ void Model(const HardwareProfile& profile, AreaFn&& area, Plan* plan) {
       bwd_bytes_s = std::max(bwd_bytes_s,
                              std::max(bwd_total.send[t], bwd_total.recv[t]) / bw[t]);
     }
-    lb_fwd = std::max({lb_fwd, rs.fwd_compute_us * 1e-6, fwd_bytes_s});
-    lb_bwd = std::max({lb_bwd, rs.bwd_compute_us * 1e-6, bwd_bytes_s});
+    rt.lb_fwd = std::max(rs.fwd_compute_us * 1e-6, fwd_bytes_s);
+    rt.lb_bwd = std::max(rs.bwd_compute_us * 1e-6, bwd_bytes_s);
+  });
+  std::vector<double> fwd_max(fwd_stages, 0.0), bwd_max(bwd_stages, 0.0);
+  double lb_fwd = 0, lb_bwd = 0;
+  for (const RankTimes& rt : times) {
+    for (size_t s = 0; s < rt.fwd.size(); ++s) fwd_max[s] = std::max(fwd_max[s], rt.fwd[s]);
+    for (size_t s = 0; s < rt.bwd.size(); ++s) bwd_max[s] = std::max(bwd_max[s], rt.bwd[s]);
+    lb_fwd = std::max(lb_fwd, rt.lb_fwd);
+    lb_bwd = std::max(lb_bwd, rt.lb_bwd);
   }
   PlanStats& ps = plan->stats;
   ps.fwd_us = ps.bwd_us = 0;
@@ -186,18 +206,18 @@ void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
         const Stage& st = (backward ? plan->ranks[r].backward : plan->ranks[r].forward)[s];
         return ItemsArea(overlap ? st.overlap_items : st.items);
       },
-      plan);
+      plan, nullptr);
 }
 
 void ModelPlanTimeWithAreas(const HardwareProfile& profile,
                             const std::vector<std::vector<std::array<int64_t, 2>>>& stage_area,
-                            Plan* plan) {
+                            Plan* plan, ThreadPool* pool) {
   Model(
       profile,
       [&stage_area](size_t r, size_t s, bool, bool overlap) {
         return stage_area[r][s][overlap ? 0 : 1];
       },
-      plan);
+      plan, pool);
 }
 
 }  // namespace hsap::plan

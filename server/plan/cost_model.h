@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "common/thread_pool.h"
 
 namespace hsap::plan {
 
@@ -52,10 +53,11 @@ void ModelPlanTime(const HardwareProfile& profile, Plan* plan);
 // of every rank: stage_area[r][s] = {area of overlap_items, area of items} of
 // rank r's forward stage s and of its backward stage s (the compiler's
 // backward stages repeat the forward items; the ranks of a head group share
-// theirs, so the compiler sums each inner stage once).
+// theirs, so the compiler sums each inner stage once). Ranks are modeled
+// over `pool` when set (same result).
 void ModelPlanTimeWithAreas(const HardwareProfile& profile,
                             const std::vector<std::vector<std::array<int64_t, 2>>>& stage_area,
-                            Plan* plan);
+                            Plan* plan, ThreadPool* pool = nullptr);
 
 }  // namespace hsap::plan
 

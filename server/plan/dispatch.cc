@@ -27,7 +27,7 @@ int64_t RowArea(absl::Span<const MaskSlice> slices, int64_t begin, int64_t end) 
 }
 
 Dispatch ComputeDispatch(AssignmentPolicy policy, absl::Span<const MaskSlice> slices,
-                         int64_t total_tokens, int32_t num_ranks) {
+                         int64_t total_tokens, int32_t num_ranks, ThreadPool* pool) {
   Dispatch d;
   d.total_tokens = total_tokens;
   d.ranges.assign(num_ranks, {});
@@ -48,7 +48,7 @@ Dispatch ComputeDispatch(AssignmentPolicy policy, absl::Span<const MaskSlice> sl
       return d;
     }
     case AssignmentPolicy::kBalanced:
-      d.ranges = internal::BalancedRanges(slices, T, num_ranks);
+      d.ranges = internal::BalancedRanges(slices, T, num_ranks, pool);
       return d;
   }
   return d;

@@ -25,6 +25,7 @@
 
 #include "absl/types/span.h"
 #include "common/mask.h"
+#include "common/thread_pool.h"
 #include "server/plan/plan_spec.h"
 #include "server/plan/token_range.h"
 
@@ -43,10 +44,11 @@ struct Dispatch {
 };
 
 // Computes the assignment of `total_tokens` tokens to `num_ranks` ranks.
-// `slices` is the resolved mask (ResolveSlices); only `balanced` reads it.
+// `slices` is the resolved mask (ResolveSlices); only `balanced` reads it,
+// and spreads its attempts over `pool` when set (same result without).
 // REQUIRES: num_ranks >= 1, slices valid and non-overlapping.
 Dispatch ComputeDispatch(AssignmentPolicy policy, absl::Span<const MaskSlice> slices,
-                         int64_t total_tokens, int32_t num_ranks);
+                         int64_t total_tokens, int32_t num_ranks, ThreadPool* pool = nullptr);
 
 // Where a global token lives: segments sorted by global position, each a run
 // of tokens held by one rank at consecutive local rows.

@@ -1,11 +1,13 @@
 #include "server/plan/inner_level.h"
 
 #include <algorithm>
+#include <memory>
 #include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "server/plan/parallel.h"
 
 namespace hsap::plan::internal {
 namespace {
@@ -104,7 +106,8 @@ bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
 
 absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
     const SliceIndex& index, const std::vector<std::vector<OwnerSegment>>& home,
-    const std::vector<OwnerSegment>& owners, InnerKind kind, int64_t budget_rows) {
+    const std::vector<OwnerSegment>& owners, InnerKind kind, int64_t budget_rows,
+    ThreadPool* pool) {
   auto too_many_stages = [&](int64_t stages) {
     return absl::InvalidArgumentError(absl::StrCat(
         "recv_buffer_bytes: a receive budget of ", budget_rows, " token rows needs ",
@@ -117,7 +120,7 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
   std::vector<InnerRank> out(V);
   std::vector<std::vector<Demand>> demands(V);
   std::vector<std::vector<Arrival>> arrivals(V);
-  for (int32_t v = 0; v < V; ++v) {
+  ForEachIndex(pool, V, [&](int64_t v) {
     demands[v] = ComputeDemands(index, home[v]);
     const std::vector<TokenRange> need = ExactNeed(demands[v], home[v]);
     out[v].exact_need_rows = TotalTokens(need);
@@ -132,7 +135,7 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
         if (o.rank != v) arrivals[v].push_back({o.rank, o.begin, o.end, o.local_row, 0, 0});
       }
     }
-  }
+  });
   int32_t num_stages = 1;
   if (kind == InnerKind::kRing) {
     int64_t max_rows = 0;
@@ -175,37 +178,40 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
   }
   for (int32_t v = 0; v < V; ++v) out[v].stages.assign(num_stages, Stage{});
 
-  // Segments of all transfers live in pools (shared_list.h): each
-  // transfer's list is a view of its run, set once the run is complete.
-  // Arrival i of the receive pool is a run of one sender's home rows (an
-  // arrival never crosses an owner segment): the sender's rows of it are
-  // entry i of the send pool.
-  auto pool = std::make_shared<std::vector<Segment>>();
-  auto send_pool = std::make_shared<std::vector<Segment>>();
-  struct Run {
-    std::vector<Transfer>* list;
-    size_t index;
-    size_t begin;  // in the pool
-  };
-  std::vector<Run> runs;
-  auto close_runs = [&] {
-    for (size_t i = 0; i < runs.size(); ++i) {
-      const size_t end = i + 1 < runs.size() ? runs[i + 1].begin : pool->size();
-      (*runs[i].list)[runs[i].index].segments =
-          SharedList<Segment>::View(pool, runs[i].begin, end - runs[i].begin);
-    }
-    runs.clear();
-  };
-  // Receive rows: per stage, in (src, global) order from row 0.
-  for (int32_t v = 0; v < V; ++v) {
+  // Receive rows: per stage, in (src, global) order from row 0. Each
+  // receiver's segments live in a pool of its own (shared_list.h): entry i
+  // of its receive pool is arrival i (a run of one sender's home rows: an
+  // arrival never crosses an owner segment) at its receive rows, entry i of
+  // its send pool the same run at the sender's home rows.
+  std::vector<std::shared_ptr<std::vector<Segment>>> send_pools(V);
+  // Arrivals end in global order (the work items look keys up there); the
+  // receive order (stage, src, global) is a sort of 64-bit keys
+  // (stage < 2^16, src < kMaxRanks = 2^16, index < 2^32) over them.
+  static_assert(kMaxStages < (int64_t{1} << 16) && kMaxRanks <= (1 << 16));
+  ForEachIndex(pool, V, [&](int64_t v) {
     auto& av = arrivals[v];
-    std::sort(av.begin(), av.end(), [](const Arrival& a, const Arrival& b) {
-      return std::tie(a.stage, a.src, a.begin) < std::tie(b.stage, b.src, b.begin);
-    });
-    int64_t row = 0;
+    auto by_begin = [](const Arrival& a, const Arrival& b) { return a.begin < b.begin; };
+    if (!std::is_sorted(av.begin(), av.end(), by_begin)) std::sort(av.begin(), av.end(), by_begin);
+    std::vector<uint64_t> order(av.size());
     for (size_t i = 0; i < av.size(); ++i) {
-      Arrival& a = av[i];
-      if (i == 0 || av[i - 1].stage != a.stage) row = 0;
+      order[i] = static_cast<uint64_t>(av[i].stage) << 48 |
+                 static_cast<uint64_t>(av[i].src) << 32 | static_cast<uint64_t>(i);
+    }
+    std::sort(order.begin(), order.end());
+    auto recv_pool = std::make_shared<std::vector<Segment>>();
+    auto send_pool = std::make_shared<std::vector<Segment>>();
+    recv_pool->reserve(av.size());
+    send_pool->reserve(av.size());
+    struct Run {
+      std::vector<Transfer>* list;
+      size_t index;
+      size_t begin;  // in the pool
+    };
+    std::vector<Run> runs;
+    int64_t row = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      Arrival& a = av[order[i] & 0xffffffffu];
+      if (i == 0 || (order[i - 1] >> 48) != (order[i] >> 48)) row = 0;
       a.recv_row = row;
       row += a.end - a.begin;
       std::vector<Transfer>& recvs = out[v].stages[a.stage].recvs.Mutable();
@@ -216,51 +222,70 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
         t.space = RowSpace::kRecv;
         t.buffer_offset = a.recv_row;
         recvs.push_back(t);
-        runs.push_back({&recvs, recvs.size() - 1, pool->size()});
+        runs.push_back({&recvs, recvs.size() - 1, recv_pool->size()});
       }
-      pool->push_back({a.begin, a.end, a.recv_row});
+      recv_pool->push_back({a.begin, a.end, a.recv_row});
       send_pool->push_back({a.begin, a.end, a.src_row});
       recvs.back().bytes += a.end - a.begin;
     }
-    close_runs();
-  }
-  // Sends mirror receives, grouped by (stage, receiver); receivers visited in
-  // increasing order so each stage's sends are sorted by peer.
+    // Each transfer's list is a view of its run, set once the pool is
+    // complete.
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const size_t end = i + 1 < runs.size() ? runs[i + 1].begin : recv_pool->size();
+      (*runs[i].list)[runs[i].index].segments =
+          SharedList<Segment>::View(recv_pool, runs[i].begin, end - runs[i].begin);
+    }
+    send_pools[v] = std::move(send_pool);
+  });
+  // Sends mirror receives, grouped by (stage, receiver) with receivers in
+  // increasing order, so each stage's sends are sorted by peer. First the
+  // receives each sender mirrors, in that order; then each sender's sends.
+  struct Mirror {
+    int32_t receiver;
+    int32_t stage;
+    const Transfer* recv;
+  };
+  std::vector<std::vector<Mirror>> mirrors(V);
   {
-    std::vector<size_t> count(static_cast<size_t>(V) * num_stages, 0);
+    std::vector<size_t> count(V, 0);
     for (int32_t v = 0; v < V; ++v) {
       for (int32_t s = 0; s < num_stages; ++s) {
-        for (const Transfer& r : out[v].stages[s].recvs) ++count[r.peer * num_stages + s];
+        for (const Transfer& r : out[v].stages[s].recvs) ++count[r.peer];
       }
     }
-    for (int32_t v = 0; v < V; ++v) {
-      for (int32_t s = 0; s < num_stages; ++s) {
-        if (count[v * num_stages + s] > 0) {
-          out[v].stages[s].sends.reserve(count[v * num_stages + s]);
-        }
+    for (int32_t v = 0; v < V; ++v) mirrors[v].reserve(count[v]);
+    for (int32_t s = 0; s < num_stages; ++s) {
+      for (int32_t v = 0; v < V; ++v) {
+        for (const Transfer& r : out[v].stages[s].recvs) mirrors[r.peer].push_back({v, s, &r});
       }
     }
   }
-  for (int32_t v = 0; v < V; ++v) {
-    for (int32_t s = 0; s < num_stages; ++s) {
-      for (const Transfer& r : out[v].stages[s].recvs) {
+  ForEachIndex(pool, V, [&](int64_t sender) {
+    const std::vector<Mirror>& ms = mirrors[sender];
+    for (size_t i = 0; i < ms.size();) {
+      // The mirrors of one stage, receivers ascending.
+      size_t j = i;
+      while (j < ms.size() && ms[j].stage == ms[i].stage) ++j;
+      std::vector<Transfer>& sends = out[sender].stages[ms[i].stage].sends.Mutable();
+      sends.reserve(j - i);
+      for (; i < j; ++i) {
+        const Transfer& r = *ms[i].recv;
         Transfer t;
-        t.peer = v;
+        t.peer = ms[i].receiver;
         t.payload = Payload::kKv;
         t.space = RowSpace::kHome;
         t.bytes = r.bytes;
         // The sender's rows of the same arrivals, at the same pool indices.
-        t.segments = SharedList<Segment>::View(send_pool, r.segments.offset(), r.segments.size());
-        out[r.peer].stages[s].sends.push_back(std::move(t));
+        t.segments = SharedList<Segment>::View(send_pools[ms[i].receiver], r.segments.offset(),
+                                               r.segments.size());
+        sends.push_back(std::move(t));
       }
     }
-  }
+  });
 
   // Work items.
-  for (int32_t v = 0; v < V; ++v) {
-    auto by_global = arrivals[v];
-    std::sort(by_global.begin(), by_global.end(),
-              [](const Arrival& a, const Arrival& b) { return a.begin < b.begin; });
+  ForEachIndex(pool, V, [&](int64_t v) {
+    const std::vector<Arrival>& by_global = arrivals[v];
     int64_t area = 0;
     for (const Demand& d : demands[v]) {
       const MaskSlice& s = slices[d.slice];
@@ -307,7 +332,7 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
                         });
     }
     out[v].area = area;
-  }
+  });
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/thread_pool.h"
 #include "server/plan/demand.h"
 #include "server/plan/dispatch.h"
 #include "server/plan/plan.h"
@@ -35,10 +36,12 @@ struct InnerRank {
 // REQUIRES: home[v] lists virtual rank v's runs in home-row order; owners is
 // the union of all home runs sorted by global position (rank = virtual rank)
 // and partitions [0, T); budget_rows >= 1. INVALID_ARGUMENT when the budget
-// would need more than kMaxStages stages.
+// would need more than kMaxStages stages. Virtual ranks are built over
+// `pool` when set (same result).
 absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
     const SliceIndex& index, const std::vector<std::vector<OwnerSegment>>& home,
-    const std::vector<OwnerSegment>& owners, InnerKind kind, int64_t budget_rows);
+    const std::vector<OwnerSegment>& owners, InnerKind kind, int64_t budget_rows,
+    ThreadPool* pool = nullptr);
 
 }  // namespace hsap::plan::internal
 

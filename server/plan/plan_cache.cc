@@ -9,6 +9,9 @@ namespace hsap::plan {
 
 PlanCache::PlanCache(PlanCacheOptions options) : options_(options) {
   stats_.max_bytes = options_.max_bytes;
+  if (options_.compile_threads > 1) {
+    compile_pool_ = std::make_unique<ThreadPool>(options_.compile_threads);
+  }
 }
 
 absl::StatusOr<std::shared_ptr<const Plan>> PlanCache::GetOrCompile(const PlanSpec& spec) {
@@ -24,7 +27,7 @@ absl::StatusOr<std::shared_ptr<const Plan>> PlanCache::GetOrCompile(const PlanSp
     }
     ++stats_.misses;
   }
-  absl::StatusOr<Plan> compiled = CompilePlan(spec);
+  absl::StatusOr<Plan> compiled = CompilePlan(spec, {.pool = compile_pool_.get()});
   absl::MutexLock lock(&mu_);
   if (!compiled.ok()) {
     ++stats_.compile_errors;

@@ -23,6 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/thread_pool.h"
 #include "server/plan/plan.h"
 
 namespace hsap::plan {
@@ -31,6 +32,10 @@ struct PlanCacheOptions {
   // Sum of Plan::ApproxBytes() kept; a plan larger than this is returned but
   // not cached.
   int64_t max_bytes = int64_t{1} << 30;
+  // Threads of the cache's compile pool (CompileOptions::pool, used from 64
+  // ranks); 1: misses compile on the calling thread only. The plans are the
+  // same either way.
+  int compile_threads = 1;
 };
 
 struct PlanCacheStats {
@@ -97,6 +102,7 @@ class PlanCache {
   void EvictToFitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PlanCacheOptions options_;
+  std::unique_ptr<ThreadPool> compile_pool_;  // null with compile_threads <= 1
   mutable absl::Mutex mu_;
   List_ lru_ ABSL_GUARDED_BY(mu_);  // front = most recently used
   absl::flat_hash_map<PlanKey, List_::iterator> index_ ABSL_GUARDED_BY(mu_);

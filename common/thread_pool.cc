@@ -1,4 +1,4 @@
-#include "kernels/cpu/thread_pool.h"
+#include "common/thread_pool.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-namespace hsap::kernels::cpu {
+namespace hsap {
 
 // One ParallelFor at a time (call_mu). Indices are handed out through an
 // atomic counter, so cheap and expensive indices balance dynamically; the
@@ -106,4 +106,4 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
   s.fn = nullptr;
 }
 
-}  // namespace hsap::kernels::cpu
+}  // namespace hsap

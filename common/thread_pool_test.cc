@@ -1,4 +1,4 @@
-#include "kernels/cpu/thread_pool.h"
+#include "common/thread_pool.h"
 
 #include <atomic>
 #include <thread>
@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace hsap::kernels::cpu {
+namespace hsap {
 namespace {
 
 TEST(ThreadPoolTest, EveryIndexRunsExactlyOnce) {
@@ -59,4 +59,4 @@ TEST(ThreadPoolTest, NonPositiveSizeMeansCallerOnly) {
 }
 
 }  // namespace
-}  // namespace hsap::kernels::cpu
+}  // namespace hsap
