@@ -25,7 +25,8 @@ TSAN_TARGETS=(
   //server/cluster:plan_agreement_test
   //server/metrics:http_exposer_test
   //server/metrics:registry_test
-  //kernels/cpu:thread_pool_test
+  //common:thread_pool_test
+  //server/plan:compiler_pool_test
 )
 
 which=${1:-all}

@@ -387,7 +387,7 @@ int64_t RowsArea(const SliceIndex& index, int64_t begin, int64_t end) {
 
 double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
                            const Dispatch& dispatch, const BoundInputs& in, Strategy strategy,
-                           const HardwareProfile& profile) {
+                           const HardwareProfile& profile, ThreadPool* pool) {
   const Topology& topo = spec.topology;
   const int32_t P = topo.num_ranks();
   const int32_t U = HeadGroupSize(strategy, topo);
@@ -419,10 +419,15 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
     }
   };
   if (strategy == Strategy::kSap || strategy == Strategy::kHsap) {
-    for (int32_t v = 0; v < V; ++v) {
+    // Per receiving group, the rows it needs from each sending group (over
+    // the pool), then added up in group order.
+    std::vector<std::vector<std::pair<int32_t, int64_t>>> from(V);
+    ForEachIndex(pool, V, [&](int64_t v) {
       std::vector<OwnerSegment> home;
       for (int32_t m = v * U; m < (v + 1) * U; ++m) {
-        for (const TokenRange& t : dispatch.ranges[m]) home.push_back({t.begin, t.end, v, 0});
+        for (const TokenRange& t : dispatch.ranges[m]) {
+          home.push_back({t.begin, t.end, static_cast<int32_t>(v), 0});
+        }
       }
       std::sort(home.begin(), home.end(),
                 [](const OwnerSegment& a, const OwnerSegment& b) { return a.begin < b.begin; });
@@ -432,9 +437,12 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
         if (it != in.owners.begin()) --it;
         for (; it != in.owners.end() && it->begin < t.end; ++it) {
           const int64_t a = std::max(t.begin, it->begin), b = std::min(t.end, it->end);
-          if (a < b) kv(it->rank / U, v, b - a);
+          if (a < b) from[v].push_back({it->rank / U, b - a});
         }
       }
+    });
+    for (int32_t v = 0; v < V; ++v) {
+      for (const auto& [w, rows] : from[v]) kv(w, v, rows);
     }
   } else if (strategy != Strategy::kUlysses) {  // ring, allgather, usp: every other group
     for (int32_t v = 0; v < V; ++v) {
@@ -535,7 +543,7 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
     std::vector<std::pair<double, int>> by_bound;
     for (int i = 0; i < kNum; ++i) {
       candidates[i] = {kOrder[i],
-                       ModeledLowerBoundUs(spec, index, dispatch, in, kOrder[i], profile)};
+                       ModeledLowerBoundUs(spec, index, dispatch, in, kOrder[i], profile, pool)};
       by_bound.push_back({candidates[i].modeled_us, i});
     }
     std::sort(by_bound.begin(), by_bound.end());
