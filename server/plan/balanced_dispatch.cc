@@ -108,8 +108,10 @@ struct Attempt {
 // spread.
 class RankTree {
  public:
-  RankTree(const std::vector<int64_t>* keys, const std::vector<int64_t>* cap)
-      : keys_(keys), cap_(cap) {
+  // Ranks with room < min_leaf_room are left out.
+  RankTree(const std::vector<int64_t>* keys, const std::vector<int64_t>* cap,
+           int64_t min_leaf_room = 1)
+      : keys_(keys), cap_(cap), min_leaf_room_(std::max<int64_t>(1, min_leaf_room)) {
     n_ = 1;
     while (n_ < keys->size()) n_ *= 2;
     min_.assign(2 * n_, kNone);
@@ -157,7 +159,7 @@ class RankTree {
   size_t SetLeaf(size_t r) {
     const size_t i = n_ + r;
     const int64_t room = (*cap_)[r];
-    min_[i] = room > 0 ? std::make_pair((*keys_)[r], static_cast<int32_t>(r)) : kNone;
+    min_[i] = room >= min_leaf_room_ ? std::make_pair((*keys_)[r], static_cast<int32_t>(r)) : kNone;
     room_[i] = room;
     return i;
   }
@@ -167,6 +169,7 @@ class RankTree {
   }
   const std::vector<int64_t>* keys_;
   const std::vector<int64_t>* cap_;
+  int64_t min_leaf_room_;
   size_t n_ = 1;
   std::vector<Key> min_;
   std::vector<int64_t> room_;
@@ -181,7 +184,13 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
   constexpr int kTreeCandidates = 2;
   std::vector<int64_t> cap(ranks), area(ranks, 0), need(ranks, 0);
   for (int32_t r = 0; r < ranks; ++r) cap[r] = Quota(total, ranks, r);
-  RankTree by_area(&area, &cap), by_need(&need, &cap);  // ranks with room
+  // Ranks with room, and ranks with room for the longest item (the level's
+  // piece): searches for an item of that length, most of them, then never
+  // walk past ranks too full for it.
+  int64_t piece = 1;
+  for (const Item& it : items) piece = std::max(piece, it.end - it.begin);
+  RankTree by_area(&area, &cap), by_need(&need, &cap);
+  RankTree piece_by_area(&area, &cap, piece), piece_by_need(&need, &cap, piece);
   // Per rank: the units it holds with the end of its last run in each (few
   // per rank); per unit: the ranks holding some of it, most recent last.
   std::vector<std::vector<std::pair<int64_t, int64_t>>> rank_units(ranks);
@@ -203,6 +212,8 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
     need[r] += added;
     by_area.Update(r);
     by_need.Update(r);
+    piece_by_area.Update(r);
+    piece_by_need.Update(r);
     auto& ru = rank_units[r];
     auto h = std::find_if(ru.begin(), ru.end(), [&](const auto& p) { return p.first == unit; });
     if (h == ru.end()) {
@@ -228,11 +239,13 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
     for (size_t i = hs.size() > kCandidates ? hs.size() - kCandidates : 0; i < hs.size(); ++i) {
       candidates.push_back(hs[i]);
     }
-    by_area.Visit(kTreeCandidates, len, [&](int32_t r) {
+    RankTree& with_room_by_area = len == piece ? piece_by_area : by_area;
+    RankTree& with_room_by_need = len == piece ? piece_by_need : by_need;
+    with_room_by_area.Visit(kTreeCandidates, len, [&](int32_t r) {
       candidates.push_back(r);
       return false;
     });
-    by_need.Visit(kTreeCandidates, len, [&](int32_t r) {
+    with_room_by_need.Visit(kTreeCandidates, len, [&](int32_t r) {
       candidates.push_back(r);
       return false;
     });
@@ -253,7 +266,7 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
       }
     }
     if (best < 0) {  // LPT: the least area with room for the item
-      by_area.Visit(1, len, [&](int32_t r) {
+      with_room_by_area.Visit(1, len, [&](int32_t r) {
         best = r;
         return true;
       });

@@ -77,12 +77,10 @@ bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
             out.push_back(piece);
             a.src_row += take;
             a.begin += take;
-            // The receiver's later stage s now holds `take` rows: move on to it.
+            // The receiver's later stage s now holds this piece only (all
+            // earlier pieces are in stages <= the old one): move on to it.
             stage = s;
-            recv_load = 0;
-            for (const Arrival& o : out) {
-              if (o.stage == s) recv_load += o.end - o.begin;
-            }
+            recv_load = take;
           }
           continue;
         }
@@ -209,12 +207,16 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
     };
     std::vector<Run> runs;
     int64_t row = 0;
+    std::vector<Transfer>* stage_recvs = nullptr;
     for (size_t i = 0; i < order.size(); ++i) {
       Arrival& a = av[order[i] & 0xffffffffu];
-      if (i == 0 || (order[i - 1] >> 48) != (order[i] >> 48)) row = 0;
+      if (i == 0 || (order[i - 1] >> 48) != (order[i] >> 48)) {
+        row = 0;
+        stage_recvs = &out[v].stages[a.stage].recvs.Mutable();
+      }
       a.recv_row = row;
       row += a.end - a.begin;
-      std::vector<Transfer>& recvs = out[v].stages[a.stage].recvs.Mutable();
+      std::vector<Transfer>& recvs = *stage_recvs;
       if (recvs.empty() || recvs.back().peer != a.src) {
         Transfer t;
         t.peer = a.src;
@@ -289,8 +291,9 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
     int64_t area = 0;
     for (const Demand& d : demands[v]) {
       const MaskSlice& s = slices[d.slice];
+      // The demand's rows of the slice, once per demand.
+      const MaskSlice rows_slice = SubSlice(s, d.q_begin, d.q_end, s.k_begin, s.k_end);
       auto emit = [&](int64_t x, int64_t y, RowSpace space, int64_t kv_row, int32_t stage) {
-        const MaskSlice rows_slice = SubSlice(s, d.q_begin, d.q_end, s.k_begin, s.k_end);
         const TokenRange rows = RowsSeeing(rows_slice, x, y);
         if (rows.empty()) return;
         const MaskSlice piece = SubSlice(s, rows.begin, rows.end, x, y);
