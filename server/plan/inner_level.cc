@@ -239,48 +239,51 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
     }
     send_pools[v] = std::move(send_pool);
   });
-  // Sends mirror receives, grouped by (stage, receiver) with receivers in
-  // increasing order, so each stage's sends are sorted by peer. First the
-  // receives each sender mirrors, in that order; then each sender's sends.
-  struct Mirror {
-    int32_t receiver;
-    int32_t stage;
-    const Transfer* recv;
-  };
-  std::vector<std::vector<Mirror>> mirrors(V);
-  {
-    std::vector<size_t> count(V, 0);
-    for (int32_t v = 0; v < V; ++v) {
+  // Sends mirror receives: sender u's sends of stage s are the receives from
+  // u in stage s, receivers ascending (so sorted by peer). Receivers are cut
+  // into C chunks; each chunk counts its receives per (sender, stage), the
+  // counts give every chunk its slots in each list, and each chunk then
+  // fills its slots, all over the pool. C does not depend on the pool, and
+  // the slots are those of a sequential pass in receiver order.
+  const int64_t cells = int64_t{V} * num_stages;  // (sender, stage)
+  const int64_t C = std::clamp<int64_t>((int64_t{1} << 22) / std::max<int64_t>(1, cells), 1,
+                                        std::min<int64_t>(8, V));
+  auto chunk_begin = [&](int64_t c) { return static_cast<int32_t>(V * c / C); };
+  std::vector<std::vector<uint32_t>> slot(C, std::vector<uint32_t>(cells, 0));
+  ForEachIndex(pool, C, [&](int64_t c) {
+    for (int32_t v = chunk_begin(c); v < chunk_begin(c + 1); ++v) {
       for (int32_t s = 0; s < num_stages; ++s) {
-        for (const Transfer& r : out[v].stages[s].recvs) ++count[r.peer];
+        for (const Transfer& r : out[v].stages[s].recvs) ++slot[c][r.peer * num_stages + s];
       }
     }
-    for (int32_t v = 0; v < V; ++v) mirrors[v].reserve(count[v]);
-    for (int32_t s = 0; s < num_stages; ++s) {
-      for (int32_t v = 0; v < V; ++v) {
-        for (const Transfer& r : out[v].stages[s].recvs) mirrors[r.peer].push_back({v, s, &r});
-      }
+  });
+  std::vector<uint32_t> total(cells, 0);
+  for (int64_t x = 0; x < cells; ++x) {
+    for (int64_t c = 0; c < C; ++c) {  // counts become first slots
+      const uint32_t n = slot[c][x];
+      slot[c][x] = total[x];
+      total[x] += n;
     }
   }
-  ForEachIndex(pool, V, [&](int64_t sender) {
-    const std::vector<Mirror>& ms = mirrors[sender];
-    for (size_t i = 0; i < ms.size();) {
-      // The mirrors of one stage, receivers ascending.
-      size_t j = i;
-      while (j < ms.size() && ms[j].stage == ms[i].stage) ++j;
-      std::vector<Transfer>& sends = out[sender].stages[ms[i].stage].sends.Mutable();
-      sends.reserve(j - i);
-      for (; i < j; ++i) {
-        const Transfer& r = *ms[i].recv;
-        Transfer t;
-        t.peer = ms[i].receiver;
-        t.payload = Payload::kKv;
-        t.space = RowSpace::kHome;
-        t.bytes = r.bytes;
-        // The sender's rows of the same arrivals, at the same pool indices.
-        t.segments = SharedList<Segment>::View(send_pools[ms[i].receiver], r.segments.offset(),
-                                               r.segments.size());
-        sends.push_back(std::move(t));
+  ForEachIndex(pool, V, [&](int64_t u) {
+    for (int32_t s = 0; s < num_stages; ++s) {
+      const uint32_t n = total[u * num_stages + s];
+      if (n > 0) out[u].stages[s].sends.Mutable().resize(n);
+    }
+  });
+  ForEachIndex(pool, C, [&](int64_t c) {
+    for (int32_t v = chunk_begin(c); v < chunk_begin(c + 1); ++v) {
+      for (int32_t s = 0; s < num_stages; ++s) {
+        for (const Transfer& r : out[v].stages[s].recvs) {
+          Transfer& t = out[r.peer].stages[s].sends.Mutable()[slot[c][r.peer * num_stages + s]++];
+          t.peer = v;
+          t.payload = Payload::kKv;
+          t.space = RowSpace::kHome;
+          t.bytes = r.bytes;
+          // The sender's rows of the same arrivals, at the same pool indices.
+          t.segments =
+              SharedList<Segment>::View(send_pools[v], r.segments.offset(), r.segments.size());
+        }
       }
     }
   });
