@@ -172,29 +172,30 @@ int64_t BufferBytes(const TransferList& ts) {
   return b;
 }
 
-void FillStats(const std::vector<MaskSlice>& slices, ThreadPool* pool, Plan* plan) {
+// A rank's byte statistics, from its stages.
+void FillRankStats(RankPlan* rp) {
+  RankStats& rs = rp->stats;
+  for (const Stage& st : rp->forward) {
+    AddBytes(st.recvs, &rs.fwd_recv_bytes);
+    AddBytes(st.sends, &rs.fwd_send_bytes);
+    int64_t kv = 0;
+    for (const Transfer& t : st.recvs) kv += t.space == RowSpace::kRecv ? t.bytes : 0;
+    rs.peak_recv_buffer_bytes = std::max(rs.peak_recv_buffer_bytes, kv);
+  }
+  for (const Stage& st : rp->backward) {
+    AddBytes(st.recvs, &rs.bwd_recv_bytes);
+    AddBytes(st.sends, &rs.bwd_send_bytes);
+    AddBytes(st.return_recvs, &rs.bwd_recv_bytes);
+    AddBytes(st.return_sends, &rs.bwd_send_bytes);
+    rs.peak_recv_buffer_bytes = std::max(rs.peak_recv_buffer_bytes, BufferBytes(st.return_recvs));
+  }
+}
+
+// The plan's statistics from its ranks' (FillRankStats done).
+void FinishStats(const std::vector<MaskSlice>& slices, Plan* plan) {
   PlanStats& ps = plan->stats;
   ps.total_area = 0;
   for (const MaskSlice& s : slices) ps.total_area += SliceArea(s);
-  ForEachIndex(pool, static_cast<int64_t>(plan->ranks.size()), [plan](int64_t r) {
-    RankPlan& rp = plan->ranks[r];
-    RankStats& rs = rp.stats;
-    for (const Stage& st : rp.forward) {
-      AddBytes(st.recvs, &rs.fwd_recv_bytes);
-      AddBytes(st.sends, &rs.fwd_send_bytes);
-      int64_t kv = 0;
-      for (const Transfer& t : st.recvs) kv += t.space == RowSpace::kRecv ? t.bytes : 0;
-      rs.peak_recv_buffer_bytes = std::max(rs.peak_recv_buffer_bytes, kv);
-    }
-    for (const Stage& st : rp.backward) {
-      AddBytes(st.recvs, &rs.bwd_recv_bytes);
-      AddBytes(st.sends, &rs.bwd_send_bytes);
-      AddBytes(st.return_recvs, &rs.bwd_recv_bytes);
-      AddBytes(st.return_sends, &rs.bwd_send_bytes);
-      rs.peak_recv_buffer_bytes =
-          std::max(rs.peak_recv_buffer_bytes, BufferBytes(st.return_recvs));
-    }
-  });
   int64_t head_area_sum = 0, head_area_max = 0;
   for (const RankPlan& rp : plan->ranks) {
     const RankStats& rs = rp.stats;
@@ -278,7 +279,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
       inner_area[v].push_back({items_area(st.overlap_items), items_area(st.items)});
     }
   });
-  std::vector<std::vector<std::array<int64_t, 2>>> stage_area(P);
+  std::vector<RankModel> models(P);
 
   Plan plan;
   plan.spec = spec;
@@ -323,7 +324,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     }
     rp.forward = std::move(fwd);
     rp.backward = std::move(bwd);
-    std::vector<std::array<int64_t, 2>>& area = stage_area[d];
+    std::vector<std::array<int64_t, 2>> area;
     area.reserve(rp.forward.size());
     if (U > 1) area.push_back({0, 0});
     for (size_t s = 0; s < inner_stages; ++s) {
@@ -347,9 +348,12 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
       rs.lower_bound_recv_bytes =
           head_bytes + (slot.num_q() > 0 ? inner[v].exact_need_rows * kappa : 0);
     }
+    // Statistics and model while the rank's lists are in cache.
+    FillRankStats(&rp);
+    models[d] = ModelRank(profile, spec.shape.head_dim, area, &rp);
   });
-  FillStats(slices, pool, &plan);
-  ModelPlanTimeWithAreas(profile, stage_area, &plan, pool);
+  FinishStats(slices, &plan);
+  FinishModel(models, &plan.stats);
   return plan;
 }
 

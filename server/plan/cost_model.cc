@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "server/plan/parallel.h"
 #include "server/plan/plan.h"
 
 namespace hsap::plan {
@@ -78,103 +77,71 @@ double ComputeSeconds(const HardwareProfile& p, int64_t area, int64_t heads, int
   return flops / p.attention_flops;
 }
 
-// area(rank index, stage index, overlap?) -> area of that stage's items.
-// Each rank is modeled on its own (over the pool), then the slowest rank of
-// each stage and the bounds are reduced in rank order.
+// area(stage index, backward?, overlap?) -> area of that stage's items of
+// `rp`.
 template <typename AreaFn>
-void Model(const HardwareProfile& profile, AreaFn&& area, Plan* plan, ThreadPool* pool) {
-  const int64_t D = plan->spec.shape.head_dim;
-  size_t fwd_stages = 0, bwd_stages = 0;
-  for (const RankPlan& rp : plan->ranks) {
-    fwd_stages = std::max(fwd_stages, rp.forward.size());
-    bwd_stages = std::max(bwd_stages, rp.backward.size());
+RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area, RankPlan* rp) {
+  RankModel m;
+  m.fwd_s.assign(rp->forward.size(), 0.0);
+  m.bwd_s.assign(rp->backward.size(), 0.0);
+  RankStats& rs = rp->stats;
+  const int64_t heads = rp->q_head_end - rp->q_head_begin;
+  rs.fwd_compute_us = rs.bwd_compute_us = rs.fwd_us = rs.bwd_us = 0;
+  rs.fwd_transfer_us = {};
+  rs.bwd_transfer_us = {};
+  TierBytes fwd_total, bwd_total;
+  for (size_t s = 0; s < rp->forward.size(); ++s) {
+    const Stage& st = rp->forward[s];
+    TierBytes b;
+    Add(st.sends, false, &b);
+    Add(st.recvs, true, &b);
+    for (int t = 0; t < kNumTiers; ++t) {
+      fwd_total.send[t] += b.send[t];
+      fwd_total.recv[t] += b.recv[t];
+    }
+    const double xfer = TransferSeconds(profile, b, &rs.fwd_transfer_us);
+    const double overlap = ComputeSeconds(profile, area(s, false, true), heads, D, false);
+    const double after = ComputeSeconds(profile, area(s, false, false), heads, D, false);
+    const double t = std::max(xfer, overlap) + after;
+    rs.fwd_compute_us += (overlap + after) * 1e6;
+    rs.fwd_us += t * 1e6;
+    m.fwd_s[s] = t;
   }
-  struct RankTimes {
-    std::vector<double> fwd, bwd;  // per stage, seconds
-    double lb_fwd = 0, lb_bwd = 0;
-  };
-  std::vector<RankTimes> times(plan->ranks.size());
-  internal::ForEachIndex(pool, static_cast<int64_t>(plan->ranks.size()), [&](int64_t r) {
-    const size_t ri = static_cast<size_t>(r);
-    RankPlan& rp = plan->ranks[ri];
-    RankTimes& rt = times[ri];
-    rt.fwd.assign(rp.forward.size(), 0.0);
-    rt.bwd.assign(rp.backward.size(), 0.0);
-    RankStats& rs = rp.stats;
-    const int64_t heads = rp.q_head_end - rp.q_head_begin;
-    rs.fwd_compute_us = rs.bwd_compute_us = rs.fwd_us = rs.bwd_us = 0;
-    rs.fwd_transfer_us = {};
-    rs.bwd_transfer_us = {};
-    TierBytes fwd_total, bwd_total;
-    for (size_t s = 0; s < rp.forward.size(); ++s) {
-      const Stage& st = rp.forward[s];
-      TierBytes b;
-      Add(st.sends, false, &b);
-      Add(st.recvs, true, &b);
+  for (size_t s = 0; s < rp->backward.size(); ++s) {
+    const Stage& st = rp->backward[s];
+    TierBytes b, r;
+    Add(st.sends, false, &b);
+    Add(st.recvs, true, &b);
+    Add(st.return_sends, false, &r);
+    Add(st.return_recvs, true, &r);
+    for (const TierBytes* x : {&b, &r}) {
       for (int t = 0; t < kNumTiers; ++t) {
-        fwd_total.send[t] += b.send[t];
-        fwd_total.recv[t] += b.recv[t];
+        bwd_total.send[t] += x->send[t];
+        bwd_total.recv[t] += x->recv[t];
       }
-      const double xfer = TransferSeconds(profile, b, &rs.fwd_transfer_us);
-      const double overlap =
-          ComputeSeconds(profile, area(ri, s, false, true), heads, D, false);
-      const double after = ComputeSeconds(profile, area(ri, s, false, false), heads, D, false);
-      const double t = std::max(xfer, overlap) + after;
-      rs.fwd_compute_us += (overlap + after) * 1e6;
-      rs.fwd_us += t * 1e6;
-      rt.fwd[s] = t;
     }
-    for (size_t s = 0; s < rp.backward.size(); ++s) {
-      const Stage& st = rp.backward[s];
-      TierBytes b, r;
-      Add(st.sends, false, &b);
-      Add(st.recvs, true, &b);
-      Add(st.return_sends, false, &r);
-      Add(st.return_recvs, true, &r);
-      for (const TierBytes* x : {&b, &r}) {
-        for (int t = 0; t < kNumTiers; ++t) {
-          bwd_total.send[t] += x->send[t];
-          bwd_total.recv[t] += x->recv[t];
-        }
-      }
-      const double xfer = TransferSeconds(profile, b, &rs.bwd_transfer_us);
-      const double ret = TransferSeconds(profile, r, &rs.bwd_transfer_us);
-      const double overlap = ComputeSeconds(profile, area(ri, s, true, true), heads, D, true);
-      const double after = ComputeSeconds(profile, area(ri, s, true, false), heads, D, true);
-      const double t = std::max(xfer, overlap) + after + ret;
-      rs.bwd_compute_us += (overlap + after) * 1e6;
-      rs.bwd_us += t * 1e6;
-      rt.bwd[s] = t;
-    }
-    for (int t = 0; t < kNumTiers; ++t) {
-      rs.fwd_transfer_us[t] *= 1e6;
-      rs.bwd_transfer_us[t] *= 1e6;
-    }
-    const double bw[kNumTiers] = {profile.intra_bytes_per_s, profile.inter_bytes_per_s};
-    double fwd_bytes_s = 0, bwd_bytes_s = 0;
-    for (int t = 0; t < kNumTiers; ++t) {
-      fwd_bytes_s = std::max(fwd_bytes_s,
-                             std::max(fwd_total.send[t], fwd_total.recv[t]) / bw[t]);
-      bwd_bytes_s = std::max(bwd_bytes_s,
-                             std::max(bwd_total.send[t], bwd_total.recv[t]) / bw[t]);
-    }
-    rt.lb_fwd = std::max(rs.fwd_compute_us * 1e-6, fwd_bytes_s);
-    rt.lb_bwd = std::max(rs.bwd_compute_us * 1e-6, bwd_bytes_s);
-  });
-  std::vector<double> fwd_max(fwd_stages, 0.0), bwd_max(bwd_stages, 0.0);
-  double lb_fwd = 0, lb_bwd = 0;
-  for (const RankTimes& rt : times) {
-    for (size_t s = 0; s < rt.fwd.size(); ++s) fwd_max[s] = std::max(fwd_max[s], rt.fwd[s]);
-    for (size_t s = 0; s < rt.bwd.size(); ++s) bwd_max[s] = std::max(bwd_max[s], rt.bwd[s]);
-    lb_fwd = std::max(lb_fwd, rt.lb_fwd);
-    lb_bwd = std::max(lb_bwd, rt.lb_bwd);
+    const double xfer = TransferSeconds(profile, b, &rs.bwd_transfer_us);
+    const double ret = TransferSeconds(profile, r, &rs.bwd_transfer_us);
+    const double overlap = ComputeSeconds(profile, area(s, true, true), heads, D, true);
+    const double after = ComputeSeconds(profile, area(s, true, false), heads, D, true);
+    const double t = std::max(xfer, overlap) + after + ret;
+    rs.bwd_compute_us += (overlap + after) * 1e6;
+    rs.bwd_us += t * 1e6;
+    m.bwd_s[s] = t;
   }
-  PlanStats& ps = plan->stats;
-  ps.fwd_us = ps.bwd_us = 0;
-  for (double t : fwd_max) ps.fwd_us += t * 1e6;
-  for (double t : bwd_max) ps.bwd_us += t * 1e6;
-  ps.modeled_us = ps.fwd_us + ps.bwd_us;
-  ps.lower_bound_us = (lb_fwd + lb_bwd) * 1e6;
+  for (int t = 0; t < kNumTiers; ++t) {
+    rs.fwd_transfer_us[t] *= 1e6;
+    rs.bwd_transfer_us[t] *= 1e6;
+  }
+  const double bw[kNumTiers] = {profile.intra_bytes_per_s, profile.inter_bytes_per_s};
+  double fwd_bytes_s = 0, bwd_bytes_s = 0;
+  for (int t = 0; t < kNumTiers; ++t) {
+    fwd_bytes_s = std::max(fwd_bytes_s, std::max(fwd_total.send[t], fwd_total.recv[t]) / bw[t]);
+    bwd_bytes_s = std::max(bwd_bytes_s, std::max(bwd_total.send[t], bwd_total.recv[t]) / bw[t]);
+  }
+  m.lb_fwd_s = std::max(rs.fwd_compute_us * 1e-6, fwd_bytes_s);
+  m.lb_bwd_s = std::max(rs.bwd_compute_us * 1e-6, bwd_bytes_s);
+  return m;
 }
 
 }  // namespace
@@ -199,25 +166,47 @@ const HardwareProfile& GetHardwareProfile(absl::string_view name) {
   return Profiles().front();
 }
 
-void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
-  Model(
-      profile,
-      [plan](size_t r, size_t s, bool backward, bool overlap) {
-        const Stage& st = (backward ? plan->ranks[r].backward : plan->ranks[r].forward)[s];
-        return ItemsArea(overlap ? st.overlap_items : st.items);
-      },
-      plan, nullptr);
+RankModel ModelRank(const HardwareProfile& profile, int64_t head_dim,
+                    const std::vector<std::array<int64_t, 2>>& stage_area, RankPlan* rp) {
+  return ModelRankWith(
+      profile, head_dim,
+      [&stage_area](size_t s, bool, bool overlap) { return stage_area[s][overlap ? 0 : 1]; },
+      rp);
 }
 
-void ModelPlanTimeWithAreas(const HardwareProfile& profile,
-                            const std::vector<std::vector<std::array<int64_t, 2>>>& stage_area,
-                            Plan* plan, ThreadPool* pool) {
-  Model(
-      profile,
-      [&stage_area](size_t r, size_t s, bool, bool overlap) {
-        return stage_area[r][s][overlap ? 0 : 1];
-      },
-      plan, pool);
+void FinishModel(const std::vector<RankModel>& models, PlanStats* stats) {
+  size_t fwd_stages = 0, bwd_stages = 0;
+  for (const RankModel& m : models) {
+    fwd_stages = std::max(fwd_stages, m.fwd_s.size());
+    bwd_stages = std::max(bwd_stages, m.bwd_s.size());
+  }
+  std::vector<double> fwd_max(fwd_stages, 0.0), bwd_max(bwd_stages, 0.0);
+  double lb_fwd = 0, lb_bwd = 0;
+  for (const RankModel& m : models) {
+    for (size_t s = 0; s < m.fwd_s.size(); ++s) fwd_max[s] = std::max(fwd_max[s], m.fwd_s[s]);
+    for (size_t s = 0; s < m.bwd_s.size(); ++s) bwd_max[s] = std::max(bwd_max[s], m.bwd_s[s]);
+    lb_fwd = std::max(lb_fwd, m.lb_fwd_s);
+    lb_bwd = std::max(lb_bwd, m.lb_bwd_s);
+  }
+  stats->fwd_us = stats->bwd_us = 0;
+  for (double t : fwd_max) stats->fwd_us += t * 1e6;
+  for (double t : bwd_max) stats->bwd_us += t * 1e6;
+  stats->modeled_us = stats->fwd_us + stats->bwd_us;
+  stats->lower_bound_us = (lb_fwd + lb_bwd) * 1e6;
+}
+
+void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
+  std::vector<RankModel> models;
+  for (RankPlan& rp : plan->ranks) {
+    models.push_back(ModelRankWith(
+        profile, plan->spec.shape.head_dim,
+        [&rp](size_t s, bool backward, bool overlap) {
+          const Stage& st = (backward ? rp.backward : rp.forward)[s];
+          return ItemsArea(overlap ? st.overlap_items : st.items);
+        },
+        &rp));
+  }
+  FinishModel(models, &plan->stats);
 }
 
 }  // namespace hsap::plan

@@ -18,11 +18,11 @@
 #define HSAP_SERVER_PLAN_COST_MODEL_H_
 
 #include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "common/thread_pool.h"
 
 namespace hsap::plan {
 
@@ -49,15 +49,23 @@ struct Plan;
 // (PlanStats::fwd_us, bwd_us, modeled_us, lower_bound_us).
 void ModelPlanTime(const HardwareProfile& profile, Plan* plan);
 
-// The same, with the work-item areas given instead of summed over the items
-// of every rank: stage_area[r][s] = {area of overlap_items, area of items} of
-// rank r's forward stage s and of its backward stage s (the compiler's
-// backward stages repeat the forward items; the ranks of a head group share
-// theirs, so the compiler sums each inner stage once). Ranks are modeled
-// over `pool` when set (same result).
-void ModelPlanTimeWithAreas(const HardwareProfile& profile,
-                            const std::vector<std::vector<std::array<int64_t, 2>>>& stage_area,
-                            Plan* plan, ThreadPool* pool = nullptr);
+// The same in two halves, for a caller that models each rank where it
+// builds it (the compiler, over its pool). ModelRank fills rp's modeled
+// times (RankStats::*_us) from its transfers and the work-item areas
+// stage_area[s] = {area of overlap_items, area of items} of its forward
+// stage s and of its backward stage s (the compiler's backward stages repeat
+// the forward items; the ranks of a head group share theirs, so the compiler
+// sums each inner stage once). FinishModel then takes the slowest rank of
+// each stage (PlanStats::fwd_us, bwd_us, modeled_us, lower_bound_us).
+struct RankModel {
+  std::vector<double> fwd_s, bwd_s;  // per stage, seconds
+  double lb_fwd_s = 0, lb_bwd_s = 0;
+};
+struct RankPlan;
+struct PlanStats;
+RankModel ModelRank(const HardwareProfile& profile, int64_t head_dim,
+                    const std::vector<std::array<int64_t, 2>>& stage_area, RankPlan* rp);
+void FinishModel(const std::vector<RankModel>& models, PlanStats* stats);
 
 }  // namespace hsap::plan
 
