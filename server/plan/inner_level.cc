@@ -44,12 +44,15 @@ void ForEachOwnerPiece(const std::vector<OwnerSegment>& owners, int64_t begin, i
 // or later.
 bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows) {
   const size_t n = arrivals->size();
-  std::vector<std::vector<int64_t>> ret_load(n);
-  auto room_ret = [&](int32_t src, int32_t s) {
-    auto& l = ret_load[src];
-    if (static_cast<int32_t>(l.size()) <= s) l.resize(s + 1, 0);
-    return budget_rows - l[s];
+  // Rows each sender returns per stage, stage-major (a receiver's arrivals
+  // of one stage touch one row of n entries), grown a stage at a time.
+  std::vector<int64_t> ret_load;
+  auto ret = [&](int32_t src, int32_t s) -> int64_t& {
+    const size_t at = static_cast<size_t>(s) * n + static_cast<size_t>(src);
+    if (at >= ret_load.size()) ret_load.resize((static_cast<size_t>(s) + 1) * n, 0);
+    return ret_load[at];
   };
+  auto room_ret = [&](int32_t src, int32_t s) { return budget_rows - ret(src, s); };
   for (size_t v = 0; v < n; ++v) {
     std::vector<Arrival> out;
     int32_t stage = 0;
@@ -73,7 +76,7 @@ bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
             Arrival piece = a;
             piece.end = a.begin + take;
             piece.stage = s;
-            ret_load[a.src][s] += take;
+            ret(a.src, s) += take;
             out.push_back(piece);
             a.src_row += take;
             a.begin += take;
@@ -88,7 +91,7 @@ bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
         Arrival piece = a;
         piece.end = a.begin + take;
         piece.stage = stage;
-        ret_load[a.src][stage] += take;
+        ret(a.src, stage) += take;
         recv_load += take;
         out.push_back(piece);
         a.src_row += take;
@@ -183,19 +186,25 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
   // its send pool the same run at the sender's home rows.
   std::vector<std::shared_ptr<std::vector<Segment>>> send_pools(V);
   // Arrivals end in global order (the work items look keys up there); the
-  // receive order (stage, src, global) is a sort of 64-bit keys
-  // (stage < 2^16, src < kMaxRanks = 2^16, index < 2^32) over them.
-  static_assert(kMaxStages < (int64_t{1} << 16) && kMaxRanks <= (1 << 16));
+  // receive order (stage, src, global) is a stable counting sort of their
+  // indices by src, then by stage.
   ForEachIndex(pool, V, [&](int64_t v) {
     auto& av = arrivals[v];
     auto by_begin = [](const Arrival& a, const Arrival& b) { return a.begin < b.begin; };
     if (!std::is_sorted(av.begin(), av.end(), by_begin)) std::sort(av.begin(), av.end(), by_begin);
-    std::vector<uint64_t> order(av.size());
-    for (size_t i = 0; i < av.size(); ++i) {
-      order[i] = static_cast<uint64_t>(av[i].stage) << 48 |
-                 static_cast<uint64_t>(av[i].src) << 32 | static_cast<uint64_t>(i);
+    std::vector<uint32_t> by_src(av.size()), order(av.size());
+    {
+      std::vector<uint32_t> first(static_cast<size_t>(V) + 1, 0);
+      for (const Arrival& a : av) ++first[a.src + 1];
+      for (int32_t w = 0; w < V; ++w) first[w + 1] += first[w];
+      for (size_t i = 0; i < av.size(); ++i) by_src[first[av[i].src]++] = static_cast<uint32_t>(i);
     }
-    std::sort(order.begin(), order.end());
+    {
+      std::vector<uint32_t> first(static_cast<size_t>(num_stages) + 1, 0);
+      for (const Arrival& a : av) ++first[a.stage + 1];
+      for (int32_t s = 0; s < num_stages; ++s) first[s + 1] += first[s];
+      for (uint32_t i : by_src) order[first[av[i].stage]++] = i;
+    }
     auto recv_pool = std::make_shared<std::vector<Segment>>();
     auto send_pool = std::make_shared<std::vector<Segment>>();
     recv_pool->reserve(av.size());
@@ -209,8 +218,8 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
     int64_t row = 0;
     std::vector<Transfer>* stage_recvs = nullptr;
     for (size_t i = 0; i < order.size(); ++i) {
-      Arrival& a = av[order[i] & 0xffffffffu];
-      if (i == 0 || (order[i - 1] >> 48) != (order[i] >> 48)) {
+      Arrival& a = av[order[i]];
+      if (i == 0 || av[order[i - 1]].stage != a.stage) {
         row = 0;
         stage_recvs = &out[v].stages[a.stage].recvs.Mutable();
       }
@@ -265,17 +274,22 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
       total[x] += n;
     }
   }
+  std::vector<Transfer*> sends_of(cells, nullptr);
   ForEachIndex(pool, V, [&](int64_t u) {
     for (int32_t s = 0; s < num_stages; ++s) {
       const uint32_t n = total[u * num_stages + s];
-      if (n > 0) out[u].stages[s].sends.Mutable().resize(n);
+      if (n == 0) continue;
+      std::vector<Transfer>& sends = out[u].stages[s].sends.Mutable();
+      sends.resize(n);
+      sends_of[u * num_stages + s] = sends.data();
     }
   });
   ForEachIndex(pool, C, [&](int64_t c) {
     for (int32_t v = chunk_begin(c); v < chunk_begin(c + 1); ++v) {
       for (int32_t s = 0; s < num_stages; ++s) {
         for (const Transfer& r : out[v].stages[s].recvs) {
-          Transfer& t = out[r.peer].stages[s].sends.Mutable()[slot[c][r.peer * num_stages + s]++];
+          const int64_t cell = int64_t{r.peer} * num_stages + s;
+          Transfer& t = sends_of[cell][slot[c][cell]++];
           t.peer = v;
           t.payload = Payload::kKv;
           t.space = RowSpace::kHome;
