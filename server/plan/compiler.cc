@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -212,15 +213,31 @@ void FinishStats(const std::vector<MaskSlice>& slices, Plan* plan) {
   ps.num_bwd_stages = plan->ranks.empty() ? 0 : static_cast<int32_t>(plan->ranks[0].backward.size());
 }
 
-absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
-                               const SliceIndex& index, const Dispatch& dispatch,
-                               Strategy strategy, const HardwareProfile& profile,
-                               ThreadPool* pool) {
+// What the inner level of a strategy starts from: the ranks' runs at their
+// local rows, the virtual ranks' runs at their home rows, the owner map, the
+// head slots and the receive budget in rows.
+struct LevelInputs {
+  int32_t U = 1;
+  int32_t V = 1;
+  std::vector<std::vector<OwnerSegment>> local;  // per rank
+  std::vector<std::vector<OwnerSegment>> home;   // per virtual rank
+  std::vector<int64_t> home_offset;              // per rank: first home row in its group
+  std::vector<OwnerSegment> owners;              // rank = virtual rank
+  std::vector<HeadSlot> slots;
+  int64_t budget_rows = 1;
+  InnerKind kind = InnerKind::kExactNeed;
+};
+
+LevelInputs MakeLevelInputs(const PlanSpec& spec, const Dispatch& dispatch, Strategy strategy) {
+  LevelInputs in;
   const Topology& topo = spec.topology;
   const int32_t P = topo.num_ranks();
   const int32_t U = HeadGroupSize(strategy, topo);
   const int32_t V = P / U;
-  std::vector<std::vector<OwnerSegment>> local(P);
+  in.U = U;
+  in.V = V;
+  std::vector<std::vector<OwnerSegment>>& local = in.local;
+  local.resize(P);
   for (int32_t r = 0; r < P; ++r) {
     int64_t row = 0;
     for (const TokenRange& t : dispatch.ranges[r]) {
@@ -228,9 +245,11 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
       row += t.size();
     }
   }
-  std::vector<std::vector<OwnerSegment>> home(V);
-  std::vector<int64_t> home_offset(P, 0);
-  std::vector<OwnerSegment> owners;
+  std::vector<std::vector<OwnerSegment>>& home = in.home;
+  home.resize(V);
+  std::vector<int64_t>& home_offset = in.home_offset;
+  home_offset.assign(P, 0);
+  std::vector<OwnerSegment>& owners = in.owners;
   for (int32_t v = 0; v < V; ++v) {
     int64_t offset = 0;
     for (int32_t m = v * U; m < (v + 1) * U; ++m) {
@@ -244,18 +263,39 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
   }
   std::sort(owners.begin(), owners.end(),
             [](const OwnerSegment& a, const OwnerSegment& b) { return a.begin < b.begin; });
-  std::vector<HeadSlot> slots(U);
+  in.slots.resize(U);
   int64_t kappa_max = 0;
   for (int32_t u = 0; u < U; ++u) {
-    slots[u] = HeadSlotOf(spec.shape, U, u);
-    kappa_max = std::max(kappa_max, KvRowBytes(spec.shape, slots[u].num_kv()));
+    in.slots[u] = HeadSlotOf(spec.shape, U, u);
+    kappa_max = std::max(kappa_max, KvRowBytes(spec.shape, in.slots[u].num_kv()));
   }
-  const int64_t budget_rows = std::max<int64_t>(1, spec.recv_buffer_bytes / kappa_max);
-  InnerKind kind = InnerKind::kExactNeed;
-  if (strategy == Strategy::kRing || strategy == Strategy::kUsp) kind = InnerKind::kRing;
-  if (strategy == Strategy::kAllGather) kind = InnerKind::kAllGather;
-  HSAP_ASSIGN_OR_RETURN(std::vector<InnerRank> inner,
-                        internal::BuildInnerLevel(index, home, owners, kind, budget_rows, pool));
+  in.budget_rows = std::max<int64_t>(1, spec.recv_buffer_bytes / kappa_max);
+  if (strategy == Strategy::kRing || strategy == Strategy::kUsp) in.kind = InnerKind::kRing;
+  if (strategy == Strategy::kAllGather) in.kind = InnerKind::kAllGather;
+  return in;
+}
+
+// The plan of `strategy`; `packing`, when given, is PackInnerLevel's result
+// for this strategy's LevelInputs (auto computed it for a bound).
+absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
+                               const SliceIndex& index, const Dispatch& dispatch,
+                               Strategy strategy, const HardwareProfile& profile,
+                               ThreadPool* pool, internal::InnerPacking* packing = nullptr) {
+  const Topology& topo = spec.topology;
+  const int32_t P = topo.num_ranks();
+  LevelInputs in = MakeLevelInputs(spec, dispatch, strategy);
+  const int32_t U = in.U, V = in.V;
+  const std::vector<std::vector<OwnerSegment>>& local = in.local;
+  const std::vector<std::vector<OwnerSegment>>& home = in.home;
+  const std::vector<int64_t>& home_offset = in.home_offset;
+  const std::vector<HeadSlot>& slots = in.slots;
+  std::vector<InnerRank> inner;
+  if (packing != nullptr) {
+    inner = internal::BuildInnerLevel(index, in.owners, std::move(*packing), pool);
+  } else {
+    HSAP_ASSIGN_OR_RETURN(inner, internal::BuildInnerLevel(index, home, in.owners, in.kind,
+                                                           in.budget_rows, pool));
+  }
   const size_t inner_stages = inner[0].stages.size();
   const int64_t kappa_full = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
   // Work-item areas of the inner stages, summed once per group (its ranks
@@ -503,6 +543,45 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
   return (fwd + bwd) * 1e6;
 }
 
+// A tighter lower bound for sap (one rank per group, K/V transfers only),
+// from its packing: the model sums, over stages, the slowest rank's stage
+// time; a forward stage takes max(xfer, overlap) + after >= xfer and a
+// backward stage max(xfer, overlap) + after + ret >= 2 xfer (the returns
+// mirror the transfers: the same bytes per tier, directions swapped), with
+// xfer the rank's transfer term (StageTransferSeconds) over the bytes the
+// packing puts in the stage. Summed in the model's order, so it never
+// exceeds the model's time. Far above the closed-form bound when stages
+// are unbalanced (at 1M tokens and 512 ranks sap's bound rises from below
+// hsap's time to above it, and auto no longer builds sap there).
+double PackedSapBoundUs(const PlanSpec& spec, const internal::InnerPacking& packing,
+                        const HardwareProfile& profile) {
+  const Topology& topo = spec.topology;
+  const int32_t P = topo.num_ranks();
+  const int32_t S = packing.num_stages;
+  const int64_t kappa = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
+  using Tiers = std::array<int64_t, kNumTiers>;
+  std::vector<Tiers> send(static_cast<size_t>(P) * S, Tiers{}), recv(send.size(), Tiers{});
+  for (int32_t v = 0; v < P; ++v) {
+    for (const internal::Arrival& a : packing.arrivals[v]) {
+      const int t = static_cast<int>(TierOf(topo, v, a.src));
+      const int64_t bytes = (a.end - a.begin) * kappa;
+      recv[static_cast<size_t>(v) * S + a.stage][t] += bytes;
+      send[static_cast<size_t>(a.src) * S + a.stage][t] += bytes;
+    }
+  }
+  double fwd_us = 0, bwd_us = 0;
+  for (int32_t s = 0; s < S; ++s) {
+    double slowest = 0;
+    for (int32_t r = 0; r < P; ++r) {
+      const size_t i = static_cast<size_t>(r) * S + s;
+      slowest = std::max(slowest, StageTransferSeconds(profile, send[i], recv[i]));
+    }
+    fwd_us += slowest * 1e6;
+    bwd_us += (slowest + slowest) * 1e6;
+  }
+  return fwd_us + bwd_us;
+}
+
 absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
                              const CompileOptions& options) {
   HSAP_RETURN_IF_ERROR(ValidatePlanSpec(spec));
@@ -529,7 +608,9 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
     // Branch and bound: candidates in order of their modeled-time lower
     // bound; a candidate whose bound exceeds the best modeled time so far
     // cannot win and is not built (its entry in stats.candidates is then
-    // the bound, which is above the chosen plan's time). The result is the
+    // the bound, which is above the chosen plan's time). sap's closed-form
+    // bound is raised from its packing (PackedSapBoundUs) before sap is
+    // built, and the packing is then reused to build it. The result is the
     // plan a full evaluation picks: lowest modeled time, ties to the earlier
     // of sap, hsap, ring, allgather, ulysses, usp.
     constexpr Strategy kOrder[] = {Strategy::kSap,       Strategy::kHsap,    Strategy::kRing,
@@ -544,16 +625,13 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
       for (const TokenRange& t : dispatch.ranges[r]) in.area[r] += RowsArea(index, t.begin, t.end);
     }
     std::vector<StrategyCost> candidates(kNum);
-    std::vector<std::pair<double, int>> by_bound;
     for (int i = 0; i < kNum; ++i) {
       candidates[i] = {kOrder[i],
                        ModeledLowerBoundUs(spec, index, dispatch, in, kOrder[i], profile, pool)};
-      by_bound.push_back({candidates[i].modeled_us, i});
     }
-    std::sort(by_bound.begin(), by_bound.end());
     // Strategies with the same head group size and inner-level kind build
     // the same plan (on one node, hsap, ulysses and usp are all one head
-    // group with nothing to exchange): equal bounds sort the earliest first,
+    // group with nothing to exchange): equal bounds pick the earliest first,
     // and the later ones, equal in time, could not win: not rebuilt.
     auto signature = [&](Strategy s) {
       const int32_t U = HeadGroupSize(s, spec.topology);
@@ -564,20 +642,54 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
       return std::make_pair(U, kind);
     };
     std::vector<std::pair<std::pair<int32_t, int>, double>> built;
+    std::vector<bool> done(kNum, false);
+    // sap's packing, computed for its tighter bound and reused to build it.
+    std::optional<internal::InnerPacking> sap_packing;
+    bool sap_tightened = false;
     absl::Status first_error;
     int best = -1;
-    for (const auto& [bound, i] : by_bound) {
+    for (;;) {
+      // The candidate with the least bound (ties: the earlier).
+      int i = -1;
+      for (int j = 0; j < kNum; ++j) {
+        if (!done[j] && (i < 0 || candidates[j].modeled_us < candidates[i].modeled_us)) i = j;
+      }
+      if (i < 0) break;
+      const double bound = candidates[i].modeled_us;
       // Rounding margin: the bound sums the same terms in another order.
       if (best >= 0 && bound > plan.stats.modeled_us * (1 + 1e-9)) break;
+      if (kOrder[i] == Strategy::kSap && !sap_tightened) {
+        sap_tightened = true;
+        const LevelInputs li = MakeLevelInputs(spec, dispatch, Strategy::kSap);
+        absl::StatusOr<internal::InnerPacking> packed = internal::PackInnerLevel(
+            index, li.home, li.owners, li.kind, li.budget_rows, pool);
+        if (!packed.ok()) {  // sap cannot be planned here: not a candidate
+          if (first_error.ok()) first_error = packed.status();
+          done[i] = true;
+          continue;
+        }
+        candidates[i].modeled_us = std::max(bound, PackedSapBoundUs(spec, *packed, profile));
+        sap_packing = std::move(packed).value();
+        continue;  // choose again with the tighter bound
+      }
+      done[i] = true;
       const auto sig = signature(kOrder[i]);
       auto same = std::find_if(built.begin(), built.end(),
                                [&](const auto& b) { return b.first == sig; });
       if (same != built.end()) {
         candidates[i].modeled_us = same->second;
+        // The same plan under an earlier name (sap's raised bound can put
+        // it after hsap on one device per node): the earlier name wins ties.
+        if (best >= 0 && i < best && same->second == plan.stats.modeled_us &&
+            signature(kOrder[best]) == sig) {
+          plan.strategy = kOrder[i];
+          best = i;
+        }
         continue;
       }
       absl::StatusOr<Plan> built_plan =
-          BuildPlan(spec, slices, index, dispatch, kOrder[i], profile, pool);
+          BuildPlan(spec, slices, index, dispatch, kOrder[i], profile, pool,
+                    kOrder[i] == Strategy::kSap && sap_packing ? &*sap_packing : nullptr);
       if (!built_plan.ok()) {
         // This strategy cannot be planned here (too many stages): not a
         // candidate. Its bound stays in stats.candidates.

@@ -131,5 +131,47 @@ TEST(CompilerPropertyTest, RandomStructures) {
   }
   EXPECT_GT(checked_plans, 6000);
 }
+
+// auto builds only the candidates its lower bounds cannot exclude (sap's
+// raised from its packing); it must still pick what building all six
+// picks, and every candidate's figure must be a lower bound of (or equal
+// to) that strategy's modeled time.
+TEST(CompilerPropertyTest, AutoPicksWhatBuildingAllSixPicks) {
+  std::mt19937_64 rng(20261201);
+  constexpr Strategy kOrder[] = {Strategy::kSap,       Strategy::kHsap,    Strategy::kRing,
+                                 Strategy::kAllGather, Strategy::kUlysses, Strategy::kUsp};
+  int pruned = 0;
+  for (int c = 0; c < 400; ++c) {
+    PlanSpec spec = RandomSpec(rng, c);
+    spec.strategy = Strategy::kAuto;
+    SCOPED_TRACE(::testing::Message() << "case " << c << " T " << spec.total_tokens << " topo "
+                                      << spec.topology.num_nodes << "x"
+                                      << spec.topology.devices_per_node);
+    absl::StatusOr<Plan> chosen = CompilePlan(spec);
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    ASSERT_EQ(chosen->stats.candidates.size(), 6u);
+    int best = -1;
+    std::vector<absl::StatusOr<Plan>> all;
+    for (int i = 0; i < 6; ++i) {
+      spec.strategy = kOrder[i];
+      all.push_back(CompilePlan(spec));
+      ASSERT_TRUE(all[i].ok()) << all[i].status();
+      const double m = all[i]->stats.modeled_us;
+      ASSERT_EQ(chosen->stats.candidates[i].strategy, kOrder[i]);
+      ASSERT_LE(chosen->stats.candidates[i].modeled_us, m * (1 + 1e-9)) << StrategyName(kOrder[i]);
+      if (chosen->stats.candidates[i].modeled_us < m * (1 - 1e-9)) ++pruned;
+      if (best < 0 || m < all[best]->stats.modeled_us) best = i;
+    }
+    ASSERT_EQ(chosen->strategy, kOrder[best]);
+    ASSERT_EQ(chosen->stats.modeled_us, all[best]->stats.modeled_us);
+    Plan expected = *all[best];
+    expected.spec.strategy = Strategy::kAuto;
+    expected.key = chosen->key;
+    expected.stats.candidates = chosen->stats.candidates;
+    expected.stats.compile_us = chosen->stats.compile_us;
+    ASSERT_TRUE(expected == *chosen);
+  }
+  EXPECT_GT(pruned, 100);  // the bounds do prune
+}
 }  // namespace
 }  // namespace hsap::plan

@@ -166,6 +166,15 @@ const HardwareProfile& GetHardwareProfile(absl::string_view name) {
   return Profiles().front();
 }
 
+double StageTransferSeconds(const HardwareProfile& profile,
+                            const std::array<int64_t, kNumTiers>& send_bytes,
+                            const std::array<int64_t, kNumTiers>& recv_bytes) {
+  TierBytes b;
+  b.send = send_bytes;
+  b.recv = recv_bytes;
+  return TransferSeconds(profile, b, nullptr);
+}
+
 RankModel ModelRank(const HardwareProfile& profile, int64_t head_dim,
                     const std::vector<std::array<int64_t, 2>>& stage_area, RankPlan* rp) {
   return ModelRankWith(

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "server/plan/plan.h"
 
 namespace hsap::plan {
 
@@ -57,12 +58,17 @@ void ModelPlanTime(const HardwareProfile& profile, Plan* plan);
 // the forward items; the ranks of a head group share theirs, so the compiler
 // sums each inner stage once). FinishModel then takes the slowest rank of
 // each stage (PlanStats::fwd_us, bwd_us, modeled_us, lower_bound_us).
+// The model's transfer term of one rank in one stage: tiers in parallel,
+// each the larger of what the rank sends and receives on it, plus the
+// tier's latency when it moves anything.
+double StageTransferSeconds(const HardwareProfile& profile,
+                            const std::array<int64_t, kNumTiers>& send_bytes,
+                            const std::array<int64_t, kNumTiers>& recv_bytes);
+
 struct RankModel {
   std::vector<double> fwd_s, bwd_s;  // per stage, seconds
   double lb_fwd_s = 0, lb_bwd_s = 0;
 };
-struct RankPlan;
-struct PlanStats;
 RankModel ModelRank(const HardwareProfile& profile, int64_t head_dim,
                     const std::vector<std::array<int64_t, 2>>& stage_area, RankPlan* rp);
 void FinishModel(const std::vector<RankModel>& models, PlanStats* stats);

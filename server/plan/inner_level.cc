@@ -3,24 +3,16 @@
 #include <algorithm>
 #include <memory>
 #include <tuple>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "server/plan/parallel.h"
 
 namespace hsap::plan::internal {
 namespace {
-
-// One run of K/V rows a virtual rank receives.
-struct Arrival {
-  int32_t src = 0;
-  int64_t begin = 0;  // global
-  int64_t end = 0;
-  int64_t src_row = 0;  // home row of `begin` on src
-  int32_t stage = 0;
-  int64_t recv_row = 0;  // receive-buffer row of `begin`
-};
 
 // Cuts [begin, end) of `owners` (sorted, partition) into owner runs and calls
 // f(owner_segment, sub_begin, sub_end).
@@ -105,10 +97,11 @@ bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
 
 }  // namespace
 
-absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
-    const SliceIndex& index, const std::vector<std::vector<OwnerSegment>>& home,
-    const std::vector<OwnerSegment>& owners, InnerKind kind, int64_t budget_rows,
-    ThreadPool* pool) {
+absl::StatusOr<InnerPacking> PackInnerLevel(const SliceIndex& index,
+                                            const std::vector<std::vector<OwnerSegment>>& home,
+                                            const std::vector<OwnerSegment>& owners,
+                                            InnerKind kind, int64_t budget_rows,
+                                            ThreadPool* pool) {
   auto too_many_stages = [&](int64_t stages) {
     return absl::InvalidArgumentError(absl::StrCat(
         "recv_buffer_bytes: a receive budget of ", budget_rows, " token rows needs ",
@@ -117,14 +110,16 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
         "; raise recv_buffer_bytes"));
   };
   const int32_t V = static_cast<int32_t>(home.size());
-  const auto slices = index.slices();
-  std::vector<InnerRank> out(V);
-  std::vector<std::vector<Demand>> demands(V);
-  std::vector<std::vector<Arrival>> arrivals(V);
+  InnerPacking pk;
+  pk.demands.resize(V);
+  pk.arrivals.resize(V);
+  pk.exact_need_rows.assign(V, 0);
+  std::vector<std::vector<Demand>>& demands = pk.demands;
+  std::vector<std::vector<Arrival>>& arrivals = pk.arrivals;
   ForEachIndex(pool, V, [&](int64_t v) {
     demands[v] = ComputeDemands(index, home[v]);
     const std::vector<TokenRange> need = ExactNeed(demands[v], home[v]);
-    out[v].exact_need_rows = TotalTokens(need);
+    pk.exact_need_rows[v] = TotalTokens(need);
     if (kind == InnerKind::kExactNeed) {
       for (const TokenRange& t : need) {
         ForEachOwnerPiece(owners, t.begin, t.end, [&](const OwnerSegment& o, int64_t a, int64_t b) {
@@ -177,7 +172,23 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
   for (const auto& av : arrivals) {
     for (const Arrival& a : av) num_stages = std::max(num_stages, a.stage + 1);
   }
-  for (int32_t v = 0; v < V; ++v) out[v].stages.assign(num_stages, Stage{});
+  pk.num_stages = num_stages;
+  return pk;
+}
+
+std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
+                                       const std::vector<OwnerSegment>& owners,
+                                       InnerPacking packing, ThreadPool* pool) {
+  const int32_t V = static_cast<int32_t>(packing.arrivals.size());
+  const auto slices = index.slices();
+  const int32_t num_stages = packing.num_stages;
+  std::vector<std::vector<Demand>>& demands = packing.demands;
+  std::vector<std::vector<Arrival>>& arrivals = packing.arrivals;
+  std::vector<InnerRank> out(V);
+  for (int32_t v = 0; v < V; ++v) {
+    out[v].exact_need_rows = packing.exact_need_rows[v];
+    out[v].stages.assign(num_stages, Stage{});
+  }
 
   // Receive rows: per stage, in (src, global) order from row 0. Each
   // receiver's segments live in a pool of its own (shared_list.h): entry i
@@ -354,6 +365,15 @@ absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
     out[v].area = area;
   });
   return out;
+}
+
+absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
+    const SliceIndex& index, const std::vector<std::vector<OwnerSegment>>& home,
+    const std::vector<OwnerSegment>& owners, InnerKind kind, int64_t budget_rows,
+    ThreadPool* pool) {
+  HSAP_ASSIGN_OR_RETURN(InnerPacking packing,
+                        PackInnerLevel(index, home, owners, kind, budget_rows, pool));
+  return BuildInnerLevel(index, owners, std::move(packing), pool);
 }
 
 }  // namespace hsap::plan::internal

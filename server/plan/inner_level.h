@@ -33,11 +33,43 @@ struct InnerRank {
   int64_t area = 0;  // allowed pairs computed
 };
 
+// One run of K/V rows a virtual rank receives.
+struct Arrival {
+  int32_t src = 0;
+  int64_t begin = 0;  // global
+  int64_t end = 0;
+  int64_t src_row = 0;  // home row of `begin` on src
+  int32_t stage = 0;
+  int64_t recv_row = 0;  // receive-buffer row of `begin` (set by BuildInnerLevel)
+};
+
+// The first half of the level: what every virtual rank needs and receives,
+// from whom and in which stage, before any list is built. Cheap next to the
+// second half; `auto` bounds sap's modeled time from it (compiler.cc).
+struct InnerPacking {
+  std::vector<std::vector<Demand>> demands;    // per virtual rank
+  std::vector<std::vector<Arrival>> arrivals;  // per virtual rank
+  std::vector<int64_t> exact_need_rows;        // per virtual rank
+  int32_t num_stages = 1;
+};
+
 // REQUIRES: home[v] lists virtual rank v's runs in home-row order; owners is
 // the union of all home runs sorted by global position (rank = virtual rank)
 // and partitions [0, T); budget_rows >= 1. INVALID_ARGUMENT when the budget
-// would need more than kMaxStages stages. Virtual ranks are built over
+// would need more than kMaxStages stages. Virtual ranks are handled over
 // `pool` when set (same result).
+absl::StatusOr<InnerPacking> PackInnerLevel(const SliceIndex& index,
+                                            const std::vector<std::vector<OwnerSegment>>& home,
+                                            const std::vector<OwnerSegment>& owners,
+                                            InnerKind kind, int64_t budget_rows,
+                                            ThreadPool* pool = nullptr);
+
+// The level built from its packing (same inputs as PackInnerLevel's).
+std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
+                                       const std::vector<OwnerSegment>& owners,
+                                       InnerPacking packing, ThreadPool* pool = nullptr);
+
+// PackInnerLevel, then BuildInnerLevel.
 absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
     const SliceIndex& index, const std::vector<std::vector<OwnerSegment>>& home,
     const std::vector<OwnerSegment>& owners, InnerKind kind, int64_t budget_rows,
