@@ -543,30 +543,38 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
   return (fwd + bwd) * 1e6;
 }
 
-// A tighter lower bound for sap (one rank per group, K/V transfers only),
-// from its packing: the model sums, over stages, the slowest rank's stage
-// time; a forward stage takes max(xfer, overlap) + after >= xfer and a
-// backward stage max(xfer, overlap) + after + ret >= 2 xfer (the returns
-// mirror the transfers: the same bytes per tier, directions swapped), with
-// xfer the rank's transfer term (StageTransferSeconds) over the bytes the
-// packing puts in the stage. Summed in the model's order, so it never
-// exceeds the model's time. Far above the closed-form bound when stages
-// are unbalanced (at 1M tokens and 512 ranks sap's bound rises from below
-// hsap's time to above it, and auto no longer builds sap there).
-double PackedSapBoundUs(const PlanSpec& spec, const internal::InnerPacking& packing,
-                        const HardwareProfile& profile) {
+// A tighter lower bound of a strategy's modeled time from its packing: the
+// model sums, over stages, the slowest rank's stage time; a forward stage
+// takes max(xfer, overlap) + after >= xfer and a backward stage
+// max(xfer, overlap) + after + ret >= 2 xfer (the returns mirror the
+// transfers: the same bytes per tier, directions swapped), with xfer the
+// rank's transfer term (StageTransferSeconds) over the K/V bytes the packing
+// puts in the stage; head stages, if any, only add. Summed in the model's
+// order, so it never exceeds the model's time. Far above the closed-form
+// bound when stages are unbalanced: at 1M tokens and 512 ranks, sap's and
+// usp's bounds rise above hsap's time and auto builds neither.
+double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
+                     const internal::InnerPacking& packing, const HardwareProfile& profile) {
   const Topology& topo = spec.topology;
   const int32_t P = topo.num_ranks();
   const int32_t S = packing.num_stages;
-  const int64_t kappa = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
+  const int32_t U = in.U;
+  std::vector<int64_t> kappa(U, 0);  // per slot; 0 for a slot without heads
+  for (int32_t u = 0; u < U; ++u) {
+    if (in.slots[u].num_q() > 0) kappa[u] = KvRowBytes(spec.shape, in.slots[u].num_kv());
+  }
   using Tiers = std::array<int64_t, kNumTiers>;
   std::vector<Tiers> send(static_cast<size_t>(P) * S, Tiers{}), recv(send.size(), Tiers{});
-  for (int32_t v = 0; v < P; ++v) {
+  for (int32_t v = 0; v < in.V; ++v) {
     for (const internal::Arrival& a : packing.arrivals[v]) {
-      const int t = static_cast<int>(TierOf(topo, v, a.src));
-      const int64_t bytes = (a.end - a.begin) * kappa;
-      recv[static_cast<size_t>(v) * S + a.stage][t] += bytes;
-      send[static_cast<size_t>(a.src) * S + a.stage][t] += bytes;
+      for (int32_t u = 0; u < U; ++u) {
+        if (kappa[u] == 0) continue;
+        const int32_t to = v * U + u, from = a.src * U + u;
+        const int t = static_cast<int>(TierOf(topo, to, from));
+        const int64_t bytes = (a.end - a.begin) * kappa[u];
+        recv[static_cast<size_t>(to) * S + a.stage][t] += bytes;
+        send[static_cast<size_t>(from) * S + a.stage][t] += bytes;
+      }
     }
   }
   double fwd_us = 0, bwd_us = 0;
@@ -609,8 +617,9 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
     // bound; a candidate whose bound exceeds the best modeled time so far
     // cannot win and is not built (its entry in stats.candidates is then
     // the bound, which is above the chosen plan's time). sap's closed-form
-    // bound is raised from its packing (PackedSapBoundUs) before sap is
-    // built, and the packing is then reused to build it. The result is the
+    // bound and that of every strategy with point-to-point transfers is
+    // raised from its packing (PackedBoundUs) before it is built, and the
+    // packing is then reused to build it. The result is the
     // plan a full evaluation picks: lowest modeled time, ties to the earlier
     // of sap, hsap, ring, allgather, ulysses, usp.
     constexpr Strategy kOrder[] = {Strategy::kSap,       Strategy::kHsap,    Strategy::kRing,
@@ -643,9 +652,9 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
     };
     std::vector<std::pair<std::pair<int32_t, int>, double>> built;
     std::vector<bool> done(kNum, false);
-    // sap's packing, computed for its tighter bound and reused to build it.
-    std::optional<internal::InnerPacking> sap_packing;
-    bool sap_tightened = false;
+    // Packings, computed for the tighter bounds and reused to build.
+    std::vector<std::optional<internal::InnerPacking>> packings(kNum);
+    std::vector<bool> tightened(kNum, false);
     absl::Status first_error;
     int best = -1;
     for (;;) {
@@ -658,24 +667,24 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
       const double bound = candidates[i].modeled_us;
       // Rounding margin: the bound sums the same terms in another order.
       if (best >= 0 && bound > plan.stats.modeled_us * (1 + 1e-9)) break;
-      if (kOrder[i] == Strategy::kSap && !sap_tightened) {
-        sap_tightened = true;
-        const LevelInputs li = MakeLevelInputs(spec, dispatch, Strategy::kSap);
+      const auto sig = signature(kOrder[i]);
+      auto same = std::find_if(built.begin(), built.end(),
+                               [&](const auto& b) { return b.first == sig; });
+      if (!tightened[i] && sig.second != -1 && same == built.end()) {
+        tightened[i] = true;
+        const LevelInputs li = MakeLevelInputs(spec, dispatch, kOrder[i]);
         absl::StatusOr<internal::InnerPacking> packed = internal::PackInnerLevel(
             index, li.home, li.owners, li.kind, li.budget_rows, pool);
-        if (!packed.ok()) {  // sap cannot be planned here: not a candidate
+        if (!packed.ok()) {  // this strategy cannot be planned here: not a candidate
           if (first_error.ok()) first_error = packed.status();
           done[i] = true;
           continue;
         }
-        candidates[i].modeled_us = std::max(bound, PackedSapBoundUs(spec, *packed, profile));
-        sap_packing = std::move(packed).value();
+        candidates[i].modeled_us = std::max(bound, PackedBoundUs(spec, li, *packed, profile));
+        packings[i] = std::move(packed).value();
         continue;  // choose again with the tighter bound
       }
       done[i] = true;
-      const auto sig = signature(kOrder[i]);
-      auto same = std::find_if(built.begin(), built.end(),
-                               [&](const auto& b) { return b.first == sig; });
       if (same != built.end()) {
         candidates[i].modeled_us = same->second;
         // The same plan under an earlier name (sap's raised bound can put
@@ -689,7 +698,7 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
       }
       absl::StatusOr<Plan> built_plan =
           BuildPlan(spec, slices, index, dispatch, kOrder[i], profile, pool,
-                    kOrder[i] == Strategy::kSap && sap_packing ? &*sap_packing : nullptr);
+                    packings[i] ? &*packings[i] : nullptr);
       if (!built_plan.ok()) {
         // This strategy cannot be planned here (too many stages): not a
         // candidate. Its bound stays in stats.candidates.
