@@ -549,8 +549,10 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
 // max(xfer, overlap) + after + ret >= 2 xfer (the returns mirror the
 // transfers: the same bytes per tier, directions swapped), with xfer the
 // rank's transfer term (StageTransferSeconds) over the K/V bytes the packing
-// puts in the stage; head stages, if any, only add. Summed in the model's
-// order, so it never exceeds the model's time. Far above the closed-form
+// puts in the stage. Head stages (U > 1) have no work items: their model
+// time is exactly the slowest rank's transfer term, from the all-to-all
+// volumes of HeadStage. Summed in the model's order, so it never exceeds
+// the model's time. Far above the closed-form
 // bound when stages are unbalanced: at 1M tokens and 512 ranks, sap's and
 // usp's bounds rise above hsap's time and auto builds neither.
 double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
@@ -577,7 +579,40 @@ double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
       }
     }
   }
+  std::vector<int64_t> tokens(P, 0);
+  for (int32_t d = 0; d < P; ++d) {
+    for (const OwnerSegment& o : in.local[d]) tokens[d] += o.end - o.begin;
+  }
+  auto head_stage = [&](Payload payload, bool to_home) {
+    double slowest = 0;
+    for (int32_t d = 0; d < P; ++d) {
+      const int32_t g0 = d / U * U;
+      const HeadSlot& mine = in.slots[d - g0];
+      Tiers s{}, r{};
+      for (int32_t m = g0; m < g0 + U; ++m) {
+        if (m == d) continue;
+        const HeadSlot& theirs = in.slots[m - g0];
+        const int t = static_cast<int>(TierOf(topo, d, m));
+        const HeadSlot& send_heads = to_home ? theirs : mine;
+        const int64_t send_rows = to_home ? tokens[d] : tokens[m];
+        if (send_heads.num_q() > 0 && send_rows > 0) {
+          s[t] += send_rows * HeadRowBytes(payload, spec.shape, send_heads);
+        }
+        const HeadSlot& recv_heads = to_home ? mine : theirs;
+        const int64_t recv_rows = to_home ? tokens[m] : tokens[d];
+        if (recv_heads.num_q() > 0 && recv_rows > 0) {
+          r[t] += recv_rows * HeadRowBytes(payload, spec.shape, recv_heads);
+        }
+      }
+      slowest = std::max(slowest, StageTransferSeconds(profile, s, r));
+    }
+    return slowest;
+  };
   double fwd_us = 0, bwd_us = 0;
+  if (U > 1) {
+    fwd_us += head_stage(Payload::kQkvHeads, true) * 1e6;
+    bwd_us += head_stage(Payload::kBwdHeads, true) * 1e6;
+  }
   for (int32_t s = 0; s < S; ++s) {
     double slowest = 0;
     for (int32_t r = 0; r < P; ++r) {
@@ -586,6 +621,10 @@ double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
     }
     fwd_us += slowest * 1e6;
     bwd_us += (slowest + slowest) * 1e6;
+  }
+  if (U > 1) {
+    fwd_us += head_stage(Payload::kOutLseHeads, false) * 1e6;
+    bwd_us += head_stage(Payload::kGradQkvHeads, false) * 1e6;
   }
   return fwd_us + bwd_us;
 }
