@@ -142,7 +142,9 @@ int main(int argc, char** argv) {
       absl::StrSplit(absl::GetFlag(FLAGS_assignments), ',', absl::SkipEmpty());
   const int32_t G = absl::GetFlag(FLAGS_devices_per_node);
   int32_t threads = absl::GetFlag(FLAGS_compile_threads);
-  if (threads <= 0) threads = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+  if (threads <= 0) {
+    threads = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+  }
   hsap::ThreadPool pool(threads);
   std::printf("compile pool: %d thread(s)\n", threads);
   std::vector<std::string> failures;

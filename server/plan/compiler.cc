@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,15 +9,12 @@
 #include "common/status_macros.h"
 #include "server/plan/cost_model.h"
 #include "server/plan/demand.h"
+#include "server/plan/build_plan.h"
 #include "server/plan/inner_level.h"
 #include "server/plan/parallel.h"
 
 namespace hsap::plan {
-namespace {
-
-using internal::ForEachIndex;
-using internal::InnerKind;
-using internal::InnerRank;
+namespace internal {
 
 // Per-row bytes of the head all-to-all payloads for a slot.
 int64_t HeadRowBytes(Payload p, const HeadShape& shape, const HeadSlot& slot) {
@@ -36,6 +32,16 @@ int64_t HeadRowBytes(Payload p, const HeadShape& shape, const HeadSlot& slot) {
 LinkTier TierOf(const Topology& t, int32_t a, int32_t b) {
   return t.NodeOf(a) == t.NodeOf(b) ? LinkTier::kIntraNode : LinkTier::kInterNode;
 }
+
+}  // namespace internal
+
+namespace {
+
+using internal::ForEachIndex;
+using internal::HeadRowBytes;
+using internal::InnerKind;
+using internal::InnerRank;
+using internal::TierOf;
 
 void SetHeads(const HeadSlot& s, Transfer* t) {
   t->q_head_begin = s.q_begin;
@@ -213,20 +219,9 @@ void FinishStats(const std::vector<MaskSlice>& slices, Plan* plan) {
   ps.num_bwd_stages = plan->ranks.empty() ? 0 : static_cast<int32_t>(plan->ranks[0].backward.size());
 }
 
-// What the inner level of a strategy starts from: the ranks' runs at their
-// local rows, the virtual ranks' runs at their home rows, the owner map, the
-// head slots and the receive budget in rows.
-struct LevelInputs {
-  int32_t U = 1;
-  int32_t V = 1;
-  std::vector<std::vector<OwnerSegment>> local;  // per rank
-  std::vector<std::vector<OwnerSegment>> home;   // per virtual rank
-  std::vector<int64_t> home_offset;              // per rank: first home row in its group
-  std::vector<OwnerSegment> owners;              // rank = virtual rank
-  std::vector<HeadSlot> slots;
-  int64_t budget_rows = 1;
-  InnerKind kind = InnerKind::kExactNeed;
-};
+}  // namespace
+
+namespace internal {
 
 LevelInputs MakeLevelInputs(const PlanSpec& spec, const Dispatch& dispatch, Strategy strategy) {
   LevelInputs in;
@@ -280,7 +275,7 @@ LevelInputs MakeLevelInputs(const PlanSpec& spec, const Dispatch& dispatch, Stra
 absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
                                const SliceIndex& index, const Dispatch& dispatch,
                                Strategy strategy, const HardwareProfile& profile,
-                               ThreadPool* pool, internal::InnerPacking* packing = nullptr) {
+                               ThreadPool* pool, InnerPacking* packing) {
   const Topology& topo = spec.topology;
   const int32_t P = topo.num_ranks();
   LevelInputs in = MakeLevelInputs(spec, dispatch, strategy);
@@ -397,237 +392,9 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
   return plan;
 }
 
-// ---------------------------------------------------------------------------
-// Lower bounds of a strategy's modeled time without building its plan, for
-// `auto` (branch and bound). ModelPlanTime sums, per phase, the slowest
-// rank's time of each stage, so a phase takes at least any one rank's sum
-// over its stages. A forward stage takes max(xfer, overlap) + after, so the
-// sum is at least max(sum of xfer, compute); a backward stage adds its
-// returns: the sum is at least max(sum of xfer, 2.5 compute) + sum of
-// returns. A transfer term takes at least max(send, recv) bytes / bandwidth
-// in each tier, and summed over stages at least max(total send, total recv)
-// / bandwidth per tier. Hence, with a rank's totals in closed form:
-//   fwd >= max over ranks of max(compute, X_fwd)
-//   bwd >= max over ranks of max(2.5 compute, X_bwd) + X_returns
-// Compute is the mask area of the rank's home rows times its heads (work
-// items cover every allowed pair of those rows exactly once); the bytes are
-// those of the strategy's transfers: ring, allgather, usp move every other
-// group's rows, sap and hsap the exact need, head stages the all-to-all
-// volumes of HeadStage; backward returns mirror the K/V transfers.
-struct BoundInputs {
-  std::vector<int64_t> tokens;       // per rank
-  std::vector<int64_t> area;         // per rank: mask area of its own rows
-  std::vector<OwnerSegment> owners;  // BuildOwnerMap(dispatch)
-};
+}  // namespace internal
 
-int64_t RowsArea(const SliceIndex& index, int64_t begin, int64_t end) {
-  int64_t a = 0;
-  const auto slices = index.slices();
-  index.ForEachOverlapping(begin, end, [&](size_t i) {
-    a += SliceArea(ClipRows(slices[i], begin, end));
-  });
-  return a;
-}
-
-double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
-                           const Dispatch& dispatch, const BoundInputs& in, Strategy strategy,
-                           const HardwareProfile& profile, ThreadPool* pool) {
-  const Topology& topo = spec.topology;
-  const int32_t P = topo.num_ranks();
-  const int32_t U = HeadGroupSize(strategy, topo);
-  const int32_t V = P / U;
-  const int64_t D = spec.shape.head_dim;
-  const double bw[kNumTiers] = {profile.intra_bytes_per_s, profile.inter_bytes_per_s};
-  std::vector<int64_t> group_tokens(V, 0), group_area(V, 0);
-  for (int32_t r = 0; r < P; ++r) {
-    group_tokens[r / U] += in.tokens[r];
-    group_area[r / U] += in.area[r];
-  }
-  std::vector<HeadSlot> slots(U);
-  for (int32_t u = 0; u < U; ++u) slots[u] = HeadSlotOf(spec.shape, U, u);
-  // Per rank and tier: K/V bytes sent and received (forward; the backward
-  // repeats them and returns as many dK/dV), head all-to-all bytes.
-  using Tiers = std::array<int64_t, kNumTiers>;
-  std::vector<Tiers> kv_send(P, Tiers{}), kv_recv(P, Tiers{});
-  std::vector<Tiers> hf_send(P, Tiers{}), hf_recv(P, Tiers{}), hb_send(P, Tiers{}),
-      hb_recv(P, Tiers{});
-  // Group w sends `rows` of its home rows to group v, in every slot with heads.
-  auto kv = [&](int32_t w, int32_t v, int64_t rows) {
-    for (int32_t u = 0; u < U; ++u) {
-      if (slots[u].num_q() == 0) continue;
-      const int32_t from = w * U + u, to = v * U + u;
-      const int64_t bytes = rows * KvRowBytes(spec.shape, slots[u].num_kv());
-      const int t = static_cast<int>(TierOf(topo, to, from));
-      kv_send[from][t] += bytes;
-      kv_recv[to][t] += bytes;
-    }
-  };
-  if (strategy == Strategy::kSap || strategy == Strategy::kHsap) {
-    // Per receiving group, the rows it needs from each sending group (over
-    // the pool), then added up in group order.
-    std::vector<std::vector<std::pair<int32_t, int64_t>>> from(V);
-    ForEachIndex(pool, V, [&](int64_t v) {
-      std::vector<OwnerSegment> home;
-      for (int32_t m = v * U; m < (v + 1) * U; ++m) {
-        for (const TokenRange& t : dispatch.ranges[m]) {
-          home.push_back({t.begin, t.end, static_cast<int32_t>(v), 0});
-        }
-      }
-      std::sort(home.begin(), home.end(),
-                [](const OwnerSegment& a, const OwnerSegment& b) { return a.begin < b.begin; });
-      for (const TokenRange& t : ExactNeed(ComputeDemands(index, home), home)) {
-        auto it = std::upper_bound(in.owners.begin(), in.owners.end(), t.begin,
-                                   [](int64_t x, const OwnerSegment& s) { return x < s.begin; });
-        if (it != in.owners.begin()) --it;
-        for (; it != in.owners.end() && it->begin < t.end; ++it) {
-          const int64_t a = std::max(t.begin, it->begin), b = std::min(t.end, it->end);
-          if (a < b) from[v].push_back({it->rank / U, b - a});
-        }
-      }
-    });
-    for (int32_t v = 0; v < V; ++v) {
-      for (const auto& [w, rows] : from[v]) kv(w, v, rows);
-    }
-  } else if (strategy != Strategy::kUlysses) {  // ring, allgather, usp: every other group
-    for (int32_t v = 0; v < V; ++v) {
-      for (int32_t w = 0; w < V; ++w) {
-        if (w != v) kv(w, v, group_tokens[w]);
-      }
-    }
-  }
-  if (U > 1) {
-    for (int32_t d = 0; d < P; ++d) {
-      const int32_t g0 = d / U * U;
-      const HeadSlot& mine = slots[d - g0];
-      const int64_t nd = in.tokens[d];
-      for (int32_t m = g0; m < g0 + U; ++m) {
-        if (m == d) continue;
-        const HeadSlot& theirs = slots[m - g0];
-        const int t = static_cast<int>(TierOf(topo, d, m));
-        const int64_t nm = in.tokens[m];
-        if (mine.num_q() > 0) {  // scatters into my heads: their rows
-          hf_recv[d][t] += nm * HeadRowBytes(Payload::kQkvHeads, spec.shape, mine);
-          hb_recv[d][t] += nm * HeadRowBytes(Payload::kBwdHeads, spec.shape, mine);
-          // gathers of my heads: their rows back to them
-          hf_send[d][t] += nm * HeadRowBytes(Payload::kOutLseHeads, spec.shape, mine);
-          hb_send[d][t] += nm * HeadRowBytes(Payload::kGradQkvHeads, spec.shape, mine);
-        }
-        if (theirs.num_q() > 0) {  // my rows to their heads, and back
-          hf_send[d][t] += nd * HeadRowBytes(Payload::kQkvHeads, spec.shape, theirs);
-          hb_send[d][t] += nd * HeadRowBytes(Payload::kBwdHeads, spec.shape, theirs);
-          hf_recv[d][t] += nd * HeadRowBytes(Payload::kOutLseHeads, spec.shape, theirs);
-          hb_recv[d][t] += nd * HeadRowBytes(Payload::kGradQkvHeads, spec.shape, theirs);
-        }
-      }
-    }
-  }
-  double fwd = 0, bwd = 0;
-  for (int32_t d = 0; d < P; ++d) {
-    const int32_t v = d / U, u = d % U;
-    const HeadSlot& mine = slots[u];
-    const double compute = mine.num_q() > 0 ? 4.0 * static_cast<double>(group_area[v]) *
-                                                  mine.num_q() * D / profile.attention_flops
-                                            : 0.0;
-    double xf = 0, xb = 0, xr = 0;
-    for (int t = 0; t < kNumTiers; ++t) {
-      const double b = bw[t];
-      xf = std::max(xf, static_cast<double>(std::max(kv_send[d][t] + hf_send[d][t],
-                                                     kv_recv[d][t] + hf_recv[d][t])) / b);
-      xb = std::max(xb, static_cast<double>(std::max(kv_send[d][t] + hb_send[d][t],
-                                                     kv_recv[d][t] + hb_recv[d][t])) / b);
-      xr = std::max(xr, static_cast<double>(std::max(kv_send[d][t], kv_recv[d][t])) / b);
-    }
-    fwd = std::max({fwd, compute, xf});
-    bwd = std::max(bwd, std::max(compute * profile.backward_factor, xb) + xr);
-  }
-  return (fwd + bwd) * 1e6;
-}
-
-// A tighter lower bound of a strategy's modeled time from its packing: the
-// model sums, over stages, the slowest rank's stage time; a forward stage
-// takes max(xfer, overlap) + after >= xfer and a backward stage
-// max(xfer, overlap) + after + ret >= 2 xfer (the returns mirror the
-// transfers: the same bytes per tier, directions swapped), with xfer the
-// rank's transfer term (StageTransferSeconds) over the K/V bytes the packing
-// puts in the stage. Head stages (U > 1) have no work items: their model
-// time is exactly the slowest rank's transfer term, from the all-to-all
-// volumes of HeadStage. Summed in the model's order, so it never exceeds
-// the model's time. Far above the closed-form
-// bound when stages are unbalanced: at 1M tokens and 512 ranks, sap's and
-// usp's bounds rise above hsap's time and auto builds neither.
-double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
-                     const internal::InnerPacking& packing, const HardwareProfile& profile) {
-  const Topology& topo = spec.topology;
-  const int32_t P = topo.num_ranks();
-  const int32_t S = packing.num_stages;
-  const int32_t U = in.U;
-  std::vector<int64_t> kappa(U, 0);  // per slot; 0 for a slot without heads
-  for (int32_t u = 0; u < U; ++u) {
-    if (in.slots[u].num_q() > 0) kappa[u] = KvRowBytes(spec.shape, in.slots[u].num_kv());
-  }
-  using Tiers = std::array<int64_t, kNumTiers>;
-  std::vector<Tiers> send(static_cast<size_t>(P) * S, Tiers{}), recv(send.size(), Tiers{});
-  for (int32_t v = 0; v < in.V; ++v) {
-    for (const internal::Arrival& a : packing.arrivals[v]) {
-      for (int32_t u = 0; u < U; ++u) {
-        if (kappa[u] == 0) continue;
-        const int32_t to = v * U + u, from = a.src * U + u;
-        const int t = static_cast<int>(TierOf(topo, to, from));
-        const int64_t bytes = (a.end - a.begin) * kappa[u];
-        recv[static_cast<size_t>(to) * S + a.stage][t] += bytes;
-        send[static_cast<size_t>(from) * S + a.stage][t] += bytes;
-      }
-    }
-  }
-  std::vector<int64_t> tokens(P, 0);
-  for (int32_t d = 0; d < P; ++d) {
-    for (const OwnerSegment& o : in.local[d]) tokens[d] += o.end - o.begin;
-  }
-  auto head_stage = [&](Payload payload, bool to_home) {
-    double slowest = 0;
-    for (int32_t d = 0; d < P; ++d) {
-      const int32_t g0 = d / U * U;
-      const HeadSlot& mine = in.slots[d - g0];
-      Tiers s{}, r{};
-      for (int32_t m = g0; m < g0 + U; ++m) {
-        if (m == d) continue;
-        const HeadSlot& theirs = in.slots[m - g0];
-        const int t = static_cast<int>(TierOf(topo, d, m));
-        const HeadSlot& send_heads = to_home ? theirs : mine;
-        const int64_t send_rows = to_home ? tokens[d] : tokens[m];
-        if (send_heads.num_q() > 0 && send_rows > 0) {
-          s[t] += send_rows * HeadRowBytes(payload, spec.shape, send_heads);
-        }
-        const HeadSlot& recv_heads = to_home ? mine : theirs;
-        const int64_t recv_rows = to_home ? tokens[m] : tokens[d];
-        if (recv_heads.num_q() > 0 && recv_rows > 0) {
-          r[t] += recv_rows * HeadRowBytes(payload, spec.shape, recv_heads);
-        }
-      }
-      slowest = std::max(slowest, StageTransferSeconds(profile, s, r));
-    }
-    return slowest;
-  };
-  double fwd_us = 0, bwd_us = 0;
-  if (U > 1) {
-    fwd_us += head_stage(Payload::kQkvHeads, true) * 1e6;
-    bwd_us += head_stage(Payload::kBwdHeads, true) * 1e6;
-  }
-  for (int32_t s = 0; s < S; ++s) {
-    double slowest = 0;
-    for (int32_t r = 0; r < P; ++r) {
-      const size_t i = static_cast<size_t>(r) * S + s;
-      slowest = std::max(slowest, StageTransferSeconds(profile, send[i], recv[i]));
-    }
-    fwd_us += slowest * 1e6;
-    bwd_us += (slowest + slowest) * 1e6;
-  }
-  if (U > 1) {
-    fwd_us += head_stage(Payload::kOutLseHeads, false) * 1e6;
-    bwd_us += head_stage(Payload::kGradQkvHeads, false) * 1e6;
-  }
-  return fwd_us + bwd_us;
-}
+namespace {
 
 absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
                              const CompileOptions& options) {
@@ -652,112 +419,11 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
   const HardwareProfile& profile = GetHardwareProfile(spec.profile);
   Plan plan;
   if (spec.strategy == Strategy::kAuto) {
-    // Branch and bound: candidates in order of their modeled-time lower
-    // bound; a candidate whose bound exceeds the best modeled time so far
-    // cannot win and is not built (its entry in stats.candidates is then
-    // the bound, which is above the chosen plan's time). sap's closed-form
-    // bound and that of every strategy with point-to-point transfers is
-    // raised from its packing (PackedBoundUs) before it is built, and the
-    // packing is then reused to build it. The result is the
-    // plan a full evaluation picks: lowest modeled time, ties to the earlier
-    // of sap, hsap, ring, allgather, ulysses, usp.
-    constexpr Strategy kOrder[] = {Strategy::kSap,       Strategy::kHsap,    Strategy::kRing,
-                                   Strategy::kAllGather, Strategy::kUlysses, Strategy::kUsp};
-    constexpr int kNum = 6;
-    BoundInputs in;
-    in.owners = BuildOwnerMap(dispatch);
-    in.area.assign(P, 0);
-    in.tokens.assign(P, 0);
-    for (int32_t r = 0; r < P; ++r) {
-      in.tokens[r] = dispatch.TokensOf(r);
-      for (const TokenRange& t : dispatch.ranges[r]) in.area[r] += RowsArea(index, t.begin, t.end);
-    }
-    std::vector<StrategyCost> candidates(kNum);
-    for (int i = 0; i < kNum; ++i) {
-      candidates[i] = {kOrder[i],
-                       ModeledLowerBoundUs(spec, index, dispatch, in, kOrder[i], profile, pool)};
-    }
-    // Strategies with the same head group size and inner-level kind build
-    // the same plan (on one node, hsap, ulysses and usp are all one head
-    // group with nothing to exchange): equal bounds pick the earliest first,
-    // and the later ones, equal in time, could not win: not rebuilt.
-    auto signature = [&](Strategy s) {
-      const int32_t U = HeadGroupSize(s, spec.topology);
-      int kind = 0;  // exact need
-      if (s == Strategy::kRing || s == Strategy::kUsp) kind = 1;
-      if (s == Strategy::kAllGather) kind = 2;
-      if (U == P) kind = -1;  // one group: no inner-level transfers at all
-      return std::make_pair(U, kind);
-    };
-    std::vector<std::pair<std::pair<int32_t, int>, double>> built;
-    std::vector<bool> done(kNum, false);
-    // Packings, computed for the tighter bounds and reused to build.
-    std::vector<std::optional<internal::InnerPacking>> packings(kNum);
-    std::vector<bool> tightened(kNum, false);
-    absl::Status first_error;
-    int best = -1;
-    for (;;) {
-      // The candidate with the least bound (ties: the earlier).
-      int i = -1;
-      for (int j = 0; j < kNum; ++j) {
-        if (!done[j] && (i < 0 || candidates[j].modeled_us < candidates[i].modeled_us)) i = j;
-      }
-      if (i < 0) break;
-      const double bound = candidates[i].modeled_us;
-      // Rounding margin: the bound sums the same terms in another order.
-      if (best >= 0 && bound > plan.stats.modeled_us * (1 + 1e-9)) break;
-      const auto sig = signature(kOrder[i]);
-      auto same = std::find_if(built.begin(), built.end(),
-                               [&](const auto& b) { return b.first == sig; });
-      if (!tightened[i] && sig.second != -1 && same == built.end()) {
-        tightened[i] = true;
-        const LevelInputs li = MakeLevelInputs(spec, dispatch, kOrder[i]);
-        absl::StatusOr<internal::InnerPacking> packed = internal::PackInnerLevel(
-            index, li.home, li.owners, li.kind, li.budget_rows, pool);
-        if (!packed.ok()) {  // this strategy cannot be planned here: not a candidate
-          if (first_error.ok()) first_error = packed.status();
-          done[i] = true;
-          continue;
-        }
-        candidates[i].modeled_us = std::max(bound, PackedBoundUs(spec, li, *packed, profile));
-        packings[i] = std::move(packed).value();
-        continue;  // choose again with the tighter bound
-      }
-      done[i] = true;
-      if (same != built.end()) {
-        candidates[i].modeled_us = same->second;
-        // The same plan under an earlier name (sap's raised bound can put
-        // it after hsap on one device per node): the earlier name wins ties.
-        if (best >= 0 && i < best && same->second == plan.stats.modeled_us &&
-            signature(kOrder[best]) == sig) {
-          plan.strategy = kOrder[i];
-          best = i;
-        }
-        continue;
-      }
-      absl::StatusOr<Plan> built_plan =
-          BuildPlan(spec, slices, index, dispatch, kOrder[i], profile, pool,
-                    packings[i] ? &*packings[i] : nullptr);
-      if (!built_plan.ok()) {
-        // This strategy cannot be planned here (too many stages): not a
-        // candidate. Its bound stays in stats.candidates.
-        if (first_error.ok()) first_error = built_plan.status();
-        continue;
-      }
-      Plan p = std::move(built_plan).value();
-      built.push_back({sig, p.stats.modeled_us});
-      candidates[i].modeled_us = p.stats.modeled_us;
-      if (best < 0 || p.stats.modeled_us < plan.stats.modeled_us ||
-          (p.stats.modeled_us == plan.stats.modeled_us && i < best)) {
-        plan = std::move(p);
-        best = i;
-      }
-    }
-    if (best < 0) return first_error;
-    plan.stats.candidates = std::move(candidates);
+    HSAP_ASSIGN_OR_RETURN(plan,
+                          internal::CompileAuto(spec, slices, index, dispatch, profile, pool));
   } else {
     HSAP_ASSIGN_OR_RETURN(
-        plan, BuildPlan(spec, slices, index, dispatch, spec.strategy, profile, pool));
+        plan, internal::BuildPlan(spec, slices, index, dispatch, spec.strategy, profile, pool));
   }
   plan.spec = spec;
   plan.format_version = kPlanFormatVersion;

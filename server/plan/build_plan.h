@@ -1,0 +1,60 @@
+// Internal to the compiler: building one strategy's plan (compiler.cc) and
+// choosing among the strategies for `auto` (auto_search.cc).
+#ifndef HSAP_SERVER_PLAN_BUILD_PLAN_H_
+#define HSAP_SERVER_PLAN_BUILD_PLAN_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/mask.h"
+#include "common/thread_pool.h"
+#include "server/plan/compiler.h"
+#include "server/plan/cost_model.h"
+#include "server/plan/demand.h"
+#include "server/plan/dispatch.h"
+#include "server/plan/inner_level.h"
+#include "server/plan/plan.h"
+
+namespace hsap::plan::internal {
+
+// Per-row bytes of the head all-to-all payloads for a slot.
+int64_t HeadRowBytes(Payload p, const HeadShape& shape, const HeadSlot& slot);
+
+LinkTier TierOf(const Topology& t, int32_t a, int32_t b);
+
+// What the inner level of a strategy starts from: the ranks' runs at their
+// local rows, the virtual ranks' runs at their home rows, the owner map, the
+// head slots and the receive budget in rows.
+struct LevelInputs {
+  int32_t U = 1;
+  int32_t V = 1;
+  std::vector<std::vector<OwnerSegment>> local;  // per rank
+  std::vector<std::vector<OwnerSegment>> home;   // per virtual rank
+  std::vector<int64_t> home_offset;              // per rank: first home row in its group
+  std::vector<OwnerSegment> owners;              // rank = virtual rank
+  std::vector<HeadSlot> slots;
+  int64_t budget_rows = 1;
+  InnerKind kind = InnerKind::kExactNeed;
+};
+
+
+LevelInputs MakeLevelInputs(const PlanSpec& spec, const Dispatch& dispatch, Strategy strategy);
+
+// The plan of `strategy` (not auto); `packing`, when given, is
+// PackInnerLevel's result for this strategy's LevelInputs (auto computed it
+// for a bound) and is consumed.
+absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
+                               const SliceIndex& index, const Dispatch& dispatch,
+                               Strategy strategy, const HardwareProfile& profile,
+                               ThreadPool* pool, InnerPacking* packing = nullptr);
+
+// The plan of the strategy with the lowest modeled time (CompilePlan's
+// contract for Strategy::kAuto), with stats.candidates filled.
+absl::StatusOr<Plan> CompileAuto(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
+                                 const SliceIndex& index, const Dispatch& dispatch,
+                                 const HardwareProfile& profile, ThreadPool* pool);
+
+}  // namespace hsap::plan::internal
+
+#endif  // HSAP_SERVER_PLAN_BUILD_PLAN_H_
