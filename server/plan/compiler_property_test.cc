@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "server/plan/compiler.h"
+#include "server/plan/cost_model.h"
 #include "server/plan/plan_checker.h"
 #include "server/plan/plan_proto.h"
 
@@ -118,6 +119,19 @@ TEST(CompilerPropertyTest, RandomStructures) {
       if (s == Strategy::kAuto) {
         for (const StrategyCost& cand : plan->stats.candidates) {
           ASSERT_LE(plan->stats.modeled_us, cand.modeled_us);
+        }
+      }
+      // The compiler models each rank where it builds it, from the inner
+      // stages' areas; the reference model over the plan's own items must
+      // give the same times, to the bit.
+      {
+        Plan remodeled = *plan;
+        ModelPlanTime(GetHardwareProfile(spec.profile), &remodeled);
+        ASSERT_EQ(remodeled.stats.modeled_us, plan->stats.modeled_us);
+        ASSERT_EQ(remodeled.stats.lower_bound_us, plan->stats.lower_bound_us);
+        for (size_t r = 0; r < plan->ranks.size(); ++r) {
+          ASSERT_EQ(remodeled.ranks[r].stats.fwd_us, plan->ranks[r].stats.fwd_us) << r;
+          ASSERT_EQ(remodeled.ranks[r].stats.bwd_us, plan->ranks[r].stats.bwd_us) << r;
         }
       }
       // Proto round trip keeps the plan and its key.
