@@ -166,9 +166,10 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
 // puts in the stage. Head stages (U > 1) have no work items: their model
 // time is exactly the slowest rank's transfer term, from the all-to-all
 // volumes of HeadStage. Summed in the model's order, so it never exceeds
-// the model's time. Far above the closed-form
-// bound when stages are unbalanced: at 1M tokens and 512 ranks, sap's and
-// usp's bounds rise above hsap's time and auto builds neither.
+// the model's time. Far above the closed-form bound when stages are
+// unbalanced: at 1M tokens and 512 ranks sap's rises above hsap's time and
+// auto no longer builds sap. Compute is left out, so a strategy whose time
+// is mostly compute after each transfer (usp there) is still built.
 double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
                      const InnerPacking& packing, const HardwareProfile& profile) {
   const Topology& topo = spec.topology;
