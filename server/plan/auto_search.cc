@@ -290,8 +290,9 @@ absl::StatusOr<Plan> CompileAuto(const PlanSpec& spec, const std::vector<MaskSli
   };
   std::vector<std::pair<std::pair<int32_t, int>, double>> built;
   std::vector<bool> done(kNum, false);
-  // Packings, computed for the tighter bounds and reused to build.
-  std::vector<std::optional<InnerPacking>> packings(kNum);
+  // Level inputs and packings, computed for the tighter bounds and reused
+  // to build (neither is computed twice).
+  std::vector<std::optional<PackedLevel>> packings(kNum);
   std::vector<bool> tightened(kNum, false);
   absl::Status first_error;
   int best = -1;
@@ -310,7 +311,7 @@ absl::StatusOr<Plan> CompileAuto(const PlanSpec& spec, const std::vector<MaskSli
                              [&](const auto& b) { return b.first == sig; });
     if (!tightened[i] && sig.second != -1 && same == built.end()) {
       tightened[i] = true;
-      const LevelInputs li = MakeLevelInputs(spec, dispatch, kOrder[i]);
+      LevelInputs li = MakeLevelInputs(spec, dispatch, kOrder[i]);
       absl::StatusOr<InnerPacking> packed = PackInnerLevel(
           index, li.home, li.owners, li.kind, li.budget_rows, pool);
       if (!packed.ok()) {  // this strategy cannot be planned here: not a candidate
@@ -319,7 +320,7 @@ absl::StatusOr<Plan> CompileAuto(const PlanSpec& spec, const std::vector<MaskSli
         continue;
       }
       candidates[i].modeled_us = std::max(bound, PackedBoundUs(spec, li, *packed, profile));
-      packings[i] = std::move(packed).value();
+      packings[i] = PackedLevel{std::move(li), std::move(packed).value()};
       continue;  // choose again with the tighter bound
     }
     done[i] = true;

@@ -41,13 +41,20 @@ struct LevelInputs {
 
 LevelInputs MakeLevelInputs(const PlanSpec& spec, const Dispatch& dispatch, Strategy strategy);
 
-// The plan of `strategy` (not auto); `packing`, when given, is
-// PackInnerLevel's result for this strategy's LevelInputs (auto computed it
-// for a bound) and is consumed.
+// A strategy's level inputs and their packing (PackInnerLevel), as auto
+// computes them for a bound before deciding to build.
+struct PackedLevel {
+  LevelInputs inputs;
+  InnerPacking packing;
+};
+
+// The plan of `strategy` (not auto); `packed`, when given, holds this
+// strategy's level inputs and packing, which are then not computed again
+// (and are consumed).
 absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
                                const SliceIndex& index, const Dispatch& dispatch,
                                Strategy strategy, const HardwareProfile& profile,
-                               ThreadPool* pool, InnerPacking* packing = nullptr);
+                               ThreadPool* pool, PackedLevel* packed = nullptr);
 
 // The plan of the strategy with the lowest modeled time (CompilePlan's
 // contract for Strategy::kAuto), with stats.candidates filled.

@@ -275,18 +275,19 @@ LevelInputs MakeLevelInputs(const PlanSpec& spec, const Dispatch& dispatch, Stra
 absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
                                const SliceIndex& index, const Dispatch& dispatch,
                                Strategy strategy, const HardwareProfile& profile,
-                               ThreadPool* pool, InnerPacking* packing) {
+                               ThreadPool* pool, PackedLevel* packed) {
   const Topology& topo = spec.topology;
   const int32_t P = topo.num_ranks();
-  LevelInputs in = MakeLevelInputs(spec, dispatch, strategy);
+  LevelInputs in = packed != nullptr ? std::move(packed->inputs)
+                                     : MakeLevelInputs(spec, dispatch, strategy);
   const int32_t U = in.U, V = in.V;
   const std::vector<std::vector<OwnerSegment>>& local = in.local;
   const std::vector<std::vector<OwnerSegment>>& home = in.home;
   const std::vector<int64_t>& home_offset = in.home_offset;
   const std::vector<HeadSlot>& slots = in.slots;
   std::vector<InnerRank> inner;
-  if (packing != nullptr) {
-    inner = internal::BuildInnerLevel(index, in.owners, std::move(*packing), pool);
+  if (packed != nullptr) {
+    inner = internal::BuildInnerLevel(index, in.owners, std::move(packed->packing), pool);
   } else {
     HSAP_ASSIGN_OR_RETURN(inner, internal::BuildInnerLevel(index, home, in.owners, in.kind,
                                                            in.budget_rows, pool));
