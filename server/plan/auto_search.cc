@@ -43,6 +43,27 @@ int64_t RowsArea(const SliceIndex& index, int64_t begin, int64_t end) {
   return a;
 }
 
+// The allowed pairs of rows in `runs` against keys in `runs` (sorted,
+// disjoint global runs).
+int64_t OwnArea(const SliceIndex& index, const std::vector<TokenRange>& runs) {
+  const auto slices = index.slices();
+  int64_t area = 0;
+  for (const TokenRange& q : runs) {
+    index.ForEachOverlapping(q.begin, q.end, [&](size_t i) {
+      const MaskSlice rows = ClipRows(slices[i], q.begin, q.end);
+      const TokenRange keys = KeysSeen(rows);
+      if (keys.empty()) return;
+      auto it = std::upper_bound(runs.begin(), runs.end(), keys.begin,
+                                 [](int64_t x, const TokenRange& r) { return x < r.end; });
+      for (; it != runs.end() && it->begin < keys.end; ++it) {
+        const int64_t a = std::max(keys.begin, it->begin), b = std::min(keys.end, it->end);
+        if (a < b) area += SliceArea(SubSlice(rows, rows.q_begin, rows.q_end, a, b));
+      }
+    });
+  }
+  return area;
+}
+
 double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
                            const Dispatch& dispatch, const BoundInputs& in, Strategy strategy,
                            const HardwareProfile& profile, ThreadPool* pool) {
@@ -57,6 +78,17 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
     group_tokens[r / U] += in.tokens[r];
     group_area[r / U] += in.area[r];
   }
+  // Per group: the area of its rows against its own keys (the overlap
+  // items'), over the pool.
+  std::vector<int64_t> own_area(V, 0);
+  ForEachIndex(pool, V, [&](int64_t v) {
+    std::vector<TokenRange> runs;
+    for (int32_t m = static_cast<int32_t>(v) * U; m < (v + 1) * U; ++m) {
+      runs.insert(runs.end(), dispatch.ranges[m].begin(), dispatch.ranges[m].end());
+    }
+    runs = Normalize(std::move(runs));
+    own_area[v] = OwnArea(index, runs);
+  });
   std::vector<HeadSlot> slots(U);
   for (int32_t u = 0; u < U; ++u) slots[u] = HeadSlotOf(spec.shape, U, u);
   // Per rank and tier: K/V bytes sent and received (forward; the backward
@@ -103,9 +135,29 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
       for (const auto& [w, rows] : from[v]) kv(w, v, rows);
     }
   } else if (strategy != Strategy::kUlysses) {  // ring, allgather, usp: every other group
-    for (int32_t v = 0; v < V; ++v) {
+    // Slot u of group v receives every other group's rows from slot u of
+    // that group, and sends its group's rows to each: per tier, sums over
+    // the groups whose slot u is on the same node or on another.
+    const int64_t all_tokens = dispatch.total_tokens;
+    std::vector<int64_t> node_tokens(topo.num_nodes), node_groups(topo.num_nodes);
+    for (int32_t u = 0; u < U; ++u) {
+      if (slots[u].num_q() == 0) continue;
+      const int64_t kappa = KvRowBytes(spec.shape, slots[u].num_kv());
+      std::fill(node_tokens.begin(), node_tokens.end(), 0);
+      std::fill(node_groups.begin(), node_groups.end(), 0);
       for (int32_t w = 0; w < V; ++w) {
-        if (w != v) kv(w, v, group_tokens[w]);
+        node_tokens[topo.NodeOf(w * U + u)] += group_tokens[w];
+        ++node_groups[topo.NodeOf(w * U + u)];
+      }
+      constexpr int kIntra = static_cast<int>(LinkTier::kIntraNode);
+      constexpr int kInter = static_cast<int>(LinkTier::kInterNode);
+      for (int32_t v = 0; v < V; ++v) {
+        const int32_t d = v * U + u, n = topo.NodeOf(d);
+        const int64_t near = node_tokens[n] - group_tokens[v];
+        kv_recv[d][kIntra] += near * kappa;
+        kv_recv[d][kInter] += (all_tokens - node_tokens[n]) * kappa;
+        kv_send[d][kIntra] += group_tokens[v] * (node_groups[n] - 1) * kappa;
+        kv_send[d][kInter] += group_tokens[v] * (V - node_groups[n]) * kappa;
       }
     }
   }
@@ -139,10 +191,13 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
   for (int32_t d = 0; d < P; ++d) {
     const int32_t v = d / U, u = d % U;
     const HeadSlot& mine = slots[u];
-    const double compute = mine.num_q() > 0 ? 4.0 * static_cast<double>(group_area[v]) *
-                                                  mine.num_q() * D / profile.attention_flops
-                                            : 0.0;
-    double xf = 0, xb = 0, xr = 0;
+    auto seconds = [&](int64_t area) {
+      return mine.num_q() > 0 ? 4.0 * static_cast<double>(area) * mine.num_q() * D /
+                                    profile.attention_flops
+                              : 0.0;
+    };
+    const double compute = seconds(group_area[v]), own = seconds(own_area[v]);
+    double xf = 0, xb = 0, xr = 0, hf = 0, hb = 0;
     for (int t = 0; t < kNumTiers; ++t) {
       const double b = bw[t];
       xf = std::max(xf, static_cast<double>(std::max(kv_send[d][t] + hf_send[d][t],
@@ -150,9 +205,13 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
       xb = std::max(xb, static_cast<double>(std::max(kv_send[d][t] + hb_send[d][t],
                                                      kv_recv[d][t] + hb_recv[d][t])) / b);
       xr = std::max(xr, static_cast<double>(std::max(kv_send[d][t], kv_recv[d][t])) / b);
+      hf = std::max(hf, static_cast<double>(std::max(hf_send[d][t], hf_recv[d][t])) / b);
+      hb = std::max(hb, static_cast<double>(std::max(hb_send[d][t], hb_recv[d][t])) / b);
     }
-    fwd = std::max({fwd, compute, xf});
-    bwd = std::max(bwd, std::max(compute * profile.backward_factor, xb) + xr);
+    const double bf = profile.backward_factor;
+    fwd = std::max({fwd, compute, xf, hf + std::max(xr, own) + (compute - own)});
+    bwd = std::max({bwd, std::max(compute * bf, xb) + xr,
+                    hb + std::max(xr, own * bf) + (compute - own) * bf + xr});
   }
   return (fwd + bwd) * 1e6;
 }
