@@ -23,6 +23,15 @@ namespace {
 // / bandwidth per tier. Hence, with a rank's totals in closed form:
 //   fwd >= max over ranks of max(compute, X_fwd)
 //   bwd >= max over ranks of max(2.5 compute, X_bwd) + X_returns
+// and, additively (sum of maxima >= maximum of sums; head stages have no
+// work items; every item on the rank's own keys is an overlap item, every
+// other item runs after its stage's transfers):
+//   fwd >= H_fwd + max(X_kv, own) + (compute - own)
+//   bwd >= H_bwd + max(X_kv, 2.5 own) + 2.5 (compute - own) + X_kv
+// with H the head stages' transfer terms, X_kv the K/V transfer term
+// (returns mirror it) and `own` the compute on the group's own keys. The
+// additive form is what excludes usp at 1M tokens and 512 ranks: its ring
+// computes most of its area after each round's transfer.
 // Compute is the mask area of the rank's home rows times its heads (work
 // items cover every allowed pair of those rows exactly once); the bytes are
 // those of the strategy's transfers: ring, allgather, usp move every other
@@ -227,8 +236,9 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
 // volumes of HeadStage. Summed in the model's order, so it never exceeds
 // the model's time. Far above the closed-form bound when stages are
 // unbalanced: at 1M tokens and 512 ranks sap's rises above hsap's time and
-// auto no longer builds sap. Compute is left out, so a strategy whose time
-// is mostly compute after each transfer (usp there) is still built.
+// auto no longer builds sap. Compute is left out (the closed form's
+// additive term covers a strategy whose time is mostly compute after each
+// transfer).
 double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
                      const InnerPacking& packing, const HardwareProfile& profile) {
   const Topology& topo = spec.topology;
