@@ -109,12 +109,14 @@ Stage HeadStage(Payload payload, bool to_home, int32_t d, int32_t g0, int32_t U,
   return st;
 }
 
-// Scales an inner-level stage (rows, virtual peers) to the forward stage of
-// rank d = v * U + u (bytes and peers). Segment lists and work items are
-// shared with `in` (shared_list.h). Without head groups (U = 1) each inner
-// stage belongs to one rank and is scaled in place, its lists moved.
-Stage InstantiateForward(Stage& in, int32_t d, int32_t U, int32_t u, int64_t kappa,
-                         const HeadSlot& slot, const Topology& topo) {
+// Appends the forward stages of rank d = v * U + u: the inner level's
+// stages (rows, virtual peers) scaled to bytes and peers. Segment lists and
+// work items are shared with `in` (shared_list.h). Without head groups
+// (U = 1) the virtual rank is rank d alone: its transfer arrays are scaled
+// in place and its lists moved; with head groups each rank of the group
+// scales a copy into arrays of its own (one for sends, one for receives).
+void AppendForward(InnerRank& in, int32_t d, int32_t U, int32_t u, int64_t kappa,
+                   const HeadSlot& slot, const Topology& topo, std::vector<Stage>* fwd) {
   auto scale = [&](const Transfer& t, bool is_recv, Transfer* o) {
     o->peer = t.peer * U + u;
     o->payload = t.payload;
@@ -125,48 +127,82 @@ Stage InstantiateForward(Stage& in, int32_t d, int32_t U, int32_t u, int64_t kap
     o->bytes = t.bytes * kappa;
     o->buffer_offset = is_recv ? t.buffer_offset * kappa : 0;
   };
-  Stage st;
   if (U == 1) {
-    for (bool is_recv : {false, true}) {
-      TransferList& list = is_recv ? in.recvs : in.sends;
-      if (list.empty()) continue;
-      for (Transfer& t : list.Mutable()) scale(t, is_recv, &t);
-      (is_recv ? st.recvs : st.sends) = std::move(list);
+    if (in.send_pool) {
+      for (Transfer& t : *in.send_pool) scale(t, false, &t);
     }
-  } else {
-    for (bool is_recv : {false, true}) {
-      const TransferList& list = is_recv ? in.recvs : in.sends;
-      if (list.empty()) continue;
-      std::vector<Transfer> out(list.size());
-      for (size_t i = 0; i < list.size(); ++i) scale(list[i], is_recv, &out[i]);
-      (is_recv ? st.recvs : st.sends) = std::move(out);
+    if (in.recv_pool) {
+      for (Transfer& t : *in.recv_pool) scale(t, true, &t);
     }
+    for (Stage& st : in.stages) fwd->push_back(std::move(st));
+    return;
   }
-  st.overlap_items = in.overlap_items;
-  st.items = in.items;
-  return st;
+  std::shared_ptr<std::vector<Transfer>> pools[2];
+  for (bool is_recv : {false, true}) {
+    const auto& inner_pool = is_recv ? in.recv_pool : in.send_pool;
+    if (!inner_pool) continue;
+    auto p = std::make_shared<std::vector<Transfer>>(inner_pool->size());
+    for (size_t i = 0; i < p->size(); ++i) scale((*inner_pool)[i], is_recv, &(*p)[i]);
+    pools[is_recv] = std::move(p);
+  }
+  for (const Stage& in_st : in.stages) {
+    Stage st;
+    if (!in_st.sends.empty()) {
+      st.sends = TransferList::View(pools[0], in_st.sends.offset(), in_st.sends.size());
+    }
+    if (!in_st.recvs.empty()) {
+      st.recvs = TransferList::View(pools[1], in_st.recvs.offset(), in_st.recvs.size());
+    }
+    st.overlap_items = in_st.overlap_items;
+    st.items = in_st.items;
+    fwd->push_back(std::move(st));
+  }
 }
 
-// The backward stage of a forward stage: the same transfers and items
-// (shared), then the dK/dV returns mirroring the transfers.
-Stage BackwardOf(const Stage& fwd) {
-  Stage st = fwd;
-  auto mirror = [](const TransferList& ts, RowSpace space, bool buffered) {
-    std::vector<Transfer> out(ts.size());
+// The backward stages of forward stages [first, end) of `fwd`: the same
+// transfers and items (shared), then the dK/dV returns mirroring the
+// transfers, each kind in one array for all the stages.
+void AppendBackward(const std::vector<Stage>& fwd, size_t first, size_t end,
+                    std::vector<Stage>* bwd) {
+  size_t num[2] = {0, 0};  // returned sends (mirror recvs), returned recvs (mirror sends)
+  for (size_t s = first; s < end; ++s) {
+    num[0] += fwd[s].recvs.size();
+    num[1] += fwd[s].sends.size();
+  }
+  std::shared_ptr<std::vector<Transfer>> pools[2];
+  for (int k = 0; k < 2; ++k) {
+    if (num[k] > 0) {
+      pools[k] = std::make_shared<std::vector<Transfer>>();
+      pools[k]->reserve(num[k]);
+    }
+  }
+  auto mirror = [](const TransferList& ts, RowSpace space, bool buffered,
+                   std::vector<Transfer>* pool) {
+    const size_t at = pool->size();
     int64_t offset = 0;
-    for (size_t i = 0; i < ts.size(); ++i) {
-      Transfer& r = out[i];
-      r = ts[i];
+    for (const Transfer& t : ts) {
+      pool->push_back(t);
+      Transfer& r = pool->back();
       r.payload = Payload::kGradKv;
       r.space = space;
       r.buffer_offset = buffered ? offset : 0;
       offset += r.bytes;
     }
-    return TransferList(std::move(out));
+    return at;
   };
-  st.return_sends = mirror(fwd.recvs, RowSpace::kRecv, false);
-  st.return_recvs = mirror(fwd.sends, RowSpace::kHome, true);
-  return st;
+  for (size_t s = first; s < end; ++s) {
+    const Stage& f = fwd[s];
+    Stage st = f;
+    if (!f.recvs.empty()) {
+      const size_t at = mirror(f.recvs, RowSpace::kRecv, false, pools[0].get());
+      st.return_sends = TransferList::View(pools[0], at, f.recvs.size());
+    }
+    if (!f.sends.empty()) {
+      const size_t at = mirror(f.sends, RowSpace::kHome, true, pools[1].get());
+      st.return_recvs = TransferList::View(pools[1], at, f.sends.size());
+    }
+    bwd->push_back(std::move(st));
+  }
 }
 
 void AddBytes(const TransferList& ts, std::array<int64_t, kNumTiers>* out) {
@@ -343,14 +379,13 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
       fwd.push_back(HeadStage(Payload::kQkvHeads, true, d, g0, U, local, home_offset, slots, spec));
       bwd.push_back(HeadStage(Payload::kBwdHeads, true, d, g0, U, local, home_offset, slots, spec));
     }
-    for (size_t s = 0; s < inner_stages; ++s) {
-      if (slot.num_q() == 0) {
-        fwd.emplace_back();
-        bwd.emplace_back();
-        continue;
-      }
-      fwd.push_back(InstantiateForward(inner[v].stages[s], d, U, u, kappa, slot, topo));
-      bwd.push_back(BackwardOf(fwd.back()));
+    if (slot.num_q() == 0) {
+      fwd.resize(fwd.size() + inner_stages);
+      bwd.resize(bwd.size() + inner_stages);
+    } else {
+      const size_t first = fwd.size();
+      AppendForward(inner[v], d, U, u, kappa, slot, topo, &fwd);
+      AppendBackward(fwd, first, fwd.size(), &bwd);
     }
     if (U > 1) {
       fwd.push_back(

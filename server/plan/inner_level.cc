@@ -46,6 +46,7 @@ bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
   auto room_ret = [&](int32_t src, int32_t s) { return budget_rows - ret(src, s); };
   for (size_t v = 0; v < n; ++v) {
     std::vector<Arrival> out;
+    out.reserve((*arrivals)[v].size() + 16);
     int32_t stage = 0;
     int64_t recv_load = 0;
     for (Arrival a : (*arrivals)[v]) {
@@ -215,47 +216,56 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
       for (int32_t s = 0; s < num_stages; ++s) first[s + 1] += first[s];
       for (uint32_t i : by_src) order[first[av[i].stage]++] = i;
     }
+    // One receive per (stage, sender) run of `order`, all of them in one
+    // array (out[v].recv_pool, stage by stage); a stage's list is a view.
+    size_t num_recvs = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      num_recvs += i == 0 || av[order[i - 1]].stage != av[order[i]].stage ||
+                   av[order[i - 1]].src != av[order[i]].src;
+    }
+    auto recvs = std::make_shared<std::vector<Transfer>>();
+    recvs->reserve(num_recvs);
+    std::vector<uint32_t> seg_begin;  // per receive: its first entry in the pools
+    seg_begin.reserve(num_recvs + 1);
+    std::vector<uint32_t> stage_first(static_cast<size_t>(num_stages) + 1, 0);
     auto recv_pool = std::make_shared<std::vector<Segment>>();
     auto send_pool = std::make_shared<std::vector<Segment>>();
     recv_pool->reserve(av.size());
     send_pool->reserve(av.size());
-    struct Run {
-      std::vector<Transfer>* list;
-      size_t index;
-      size_t begin;  // in the pool
-    };
-    std::vector<Run> runs;
     int64_t row = 0;
-    std::vector<Transfer>* stage_recvs = nullptr;
     for (size_t i = 0; i < order.size(); ++i) {
       Arrival& a = av[order[i]];
-      if (i == 0 || av[order[i - 1]].stage != a.stage) {
-        row = 0;
-        stage_recvs = &out[v].stages[a.stage].recvs.Mutable();
-      }
+      const bool new_stage = i == 0 || av[order[i - 1]].stage != a.stage;
+      if (new_stage) row = 0;
       a.recv_row = row;
       row += a.end - a.begin;
-      std::vector<Transfer>& recvs = *stage_recvs;
-      if (recvs.empty() || recvs.back().peer != a.src) {
+      if (new_stage || recvs->back().peer != a.src) {
         Transfer t;
         t.peer = a.src;
         t.payload = Payload::kKv;
         t.space = RowSpace::kRecv;
         t.buffer_offset = a.recv_row;
-        recvs.push_back(t);
-        runs.push_back({&recvs, recvs.size() - 1, recv_pool->size()});
+        recvs->push_back(t);
+        seg_begin.push_back(static_cast<uint32_t>(recv_pool->size()));
+        ++stage_first[a.stage + 1];
       }
       recv_pool->push_back({a.begin, a.end, a.recv_row});
       send_pool->push_back({a.begin, a.end, a.src_row});
-      recvs.back().bytes += a.end - a.begin;
+      recvs->back().bytes += a.end - a.begin;
     }
-    // Each transfer's list is a view of its run, set once the pool is
+    seg_begin.push_back(static_cast<uint32_t>(recv_pool->size()));
+    // Each receive's segments are a view of its run, set once the pool is
     // complete.
-    for (size_t i = 0; i < runs.size(); ++i) {
-      const size_t end = i + 1 < runs.size() ? runs[i + 1].begin : recv_pool->size();
-      (*runs[i].list)[runs[i].index].segments =
-          SharedList<Segment>::View(recv_pool, runs[i].begin, end - runs[i].begin);
+    for (size_t k = 0; k < recvs->size(); ++k) {
+      (*recvs)[k].segments =
+          SharedList<Segment>::View(recv_pool, seg_begin[k], seg_begin[k + 1] - seg_begin[k]);
     }
+    for (int32_t st = 0; st < num_stages; ++st) stage_first[st + 1] += stage_first[st];
+    for (int32_t st = 0; st < num_stages; ++st) {
+      out[v].stages[st].recvs =
+          TransferList::View(recvs, stage_first[st], stage_first[st + 1] - stage_first[st]);
+    }
+    out[v].recv_pool = std::move(recvs);
     send_pools[v] = std::move(send_pool);
   });
   // Sends mirror receives: sender u's sends of stage s are the receives from
@@ -284,15 +294,21 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
       total[x] += n;
     }
   }
+  // Each sender's sends in one array (out[u].send_pool, stage by stage).
   std::vector<Transfer*> sends_of(cells, nullptr);
   ForEachIndex(pool, V, [&](int64_t u) {
+    size_t n = 0;
+    for (int32_t s = 0; s < num_stages; ++s) n += total[u * num_stages + s];
+    if (n == 0) return;
+    auto sends = std::make_shared<std::vector<Transfer>>(n);
+    size_t at = 0;
     for (int32_t s = 0; s < num_stages; ++s) {
-      const uint32_t n = total[u * num_stages + s];
-      if (n == 0) continue;
-      std::vector<Transfer>& sends = out[u].stages[s].sends.Mutable();
-      sends.resize(n);
-      sends_of[u * num_stages + s] = sends.data();
+      const uint32_t k = total[u * num_stages + s];
+      out[u].stages[s].sends = TransferList::View(sends, at, k);
+      sends_of[u * num_stages + s] = sends->data() + at;
+      at += k;
     }
+    out[u].send_pool = std::move(sends);
   });
   ForEachIndex(pool, C, [&](int64_t c) {
     for (int32_t v = chunk_begin(c); v < chunk_begin(c + 1); ++v) {
@@ -312,9 +328,16 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
     }
   });
 
-  // Work items.
+  // Work items. Emitted per demand into scratch (reused across virtual
+  // ranks on a thread) with their list (stage, overlap or not), then laid
+  // out list by list in one pool per virtual rank, emission order kept
+  // within a list; each stage's lists are views of it.
   ForEachIndex(pool, V, [&](int64_t v) {
     const std::vector<Arrival>& by_global = arrivals[v];
+    thread_local std::vector<WorkItem> emitted;
+    thread_local std::vector<uint32_t> list_of;
+    emitted.clear();
+    list_of.clear();
     int64_t area = 0;
     for (const Demand& d : demands[v]) {
       const MaskSlice& s = slices[d.slice];
@@ -336,8 +359,8 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
         w.type = piece.type;
         w.offset = piece.type == MaskType::kCausal ? piece.offset : 0;
         w.window = piece.type == MaskType::kCausal ? piece.window : -1;
-        Stage& st = out[v].stages[stage];
-        (space == RowSpace::kHome ? st.overlap_items : st.items).push_back(w);
+        emitted.push_back(w);
+        list_of.push_back(static_cast<uint32_t>(stage) * 2 + (space == RowSpace::kHome ? 0 : 1));
       };
       ForEachOwnerPiece(owners, d.k_begin, d.k_end,
                         [&](const OwnerSegment& o, int64_t a, int64_t b) {
@@ -362,6 +385,25 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
                         });
     }
     out[v].area = area;
+    if (emitted.empty()) return;
+    const size_t lists = static_cast<size_t>(num_stages) * 2;
+    std::vector<uint32_t> first(lists + 1, 0);
+    for (uint32_t l : list_of) ++first[l + 1];
+    for (size_t l = 0; l < lists; ++l) first[l + 1] += first[l];
+    std::vector<uint32_t> order(emitted.size());
+    {
+      std::vector<uint32_t> next(first.begin(), first.end() - 1);
+      for (size_t i = 0; i < emitted.size(); ++i) order[next[list_of[i]]++] = static_cast<uint32_t>(i);
+    }
+    auto items = std::make_shared<std::vector<WorkItem>>();
+    items->reserve(emitted.size());
+    for (uint32_t i : order) items->push_back(emitted[i]);
+    for (int32_t st = 0; st < num_stages; ++st) {
+      Stage& stage = out[v].stages[st];
+      const size_t o = static_cast<size_t>(st) * 2;
+      stage.overlap_items = SharedList<WorkItem>::View(items, first[o], first[o + 1] - first[o]);
+      stage.items = SharedList<WorkItem>::View(items, first[o + 1], first[o + 2] - first[o + 1]);
+    }
   });
   return out;
 }

@@ -11,6 +11,7 @@
 #define HSAP_SERVER_PLAN_INNER_LEVEL_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,6 +30,10 @@ enum class InnerKind {
 
 struct InnerRank {
   std::vector<Stage> stages;  // all virtual ranks: the same count, >= 1
+  // The arrays the stages' sends and recvs are views of (null when empty):
+  // whoever owns the rank alone may rewrite them in place (BuildPlan scales
+  // a one-rank virtual rank's transfers to bytes there).
+  std::shared_ptr<std::vector<Transfer>> send_pool, recv_pool;
   int64_t exact_need_rows = 0;
   int64_t area = 0;  // allowed pairs computed
 };

@@ -7,8 +7,8 @@
 // sixteen times (docs/planner.md, "Plan memory").
 //
 // A list may also be a view of a run of a larger shared array (View()): the
-// compiler keeps all segments of a level in one pool instead of one heap
-// array per transfer.
+// compiler keeps each rank's segments, transfers and work items in a few
+// arrays (pools) instead of one heap array per transfer or per stage list.
 //
 // Reading is that of a const std::vector<T> (iteration, size, indexing).
 // Writing (push_back, Mutable())
