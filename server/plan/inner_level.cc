@@ -339,7 +339,14 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
     emitted.clear();
     list_of.clear();
     int64_t area = 0;
+    // Demands come by key start, so the last arrival starting at or before
+    // a demand's first key only moves forward; within a demand, its pieces
+    // ascend.
+    const size_t num_arrivals = by_global.size();
+    size_t base = 0;
     for (const Demand& d : demands[v]) {
+      while (base + 1 < num_arrivals && by_global[base + 1].begin <= d.k_begin) ++base;
+      size_t cur = base;
       const MaskSlice& s = slices[d.slice];
       // The demand's rows of the slice, once per demand.
       const MaskSlice rows_slice = SubSlice(s, d.q_begin, d.q_end, s.k_begin, s.k_end);
@@ -368,19 +375,16 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
                             emit(a, b, RowSpace::kHome, o.local_row + (a - o.begin), 0);
                             return;
                           }
-                          auto it = std::upper_bound(
-                              by_global.begin(), by_global.end(), a,
-                              [](int64_t x, const Arrival& r) { return x < r.begin; });
-                          HSAP_CHECK(it != by_global.begin()) << "key " << a << " never arrives";
-                          --it;
+                          while (cur + 1 < num_arrivals && by_global[cur + 1].begin <= a) ++cur;
                           while (a < b) {
-                            HSAP_CHECK(it != by_global.end() && it->begin <= a && a < it->end)
+                            HSAP_CHECK(cur < num_arrivals && by_global[cur].begin <= a &&
+                                       a < by_global[cur].end)
                                 << "key " << a << " never arrives";
-                            const int64_t e = std::min(b, it->end);
-                            emit(a, e, RowSpace::kRecv, it->recv_row + (a - it->begin),
-                                 it->stage);
+                            const Arrival& r = by_global[cur];
+                            const int64_t e = std::min(b, r.end);
+                            emit(a, e, RowSpace::kRecv, r.recv_row + (a - r.begin), r.stage);
                             a = e;
-                            ++it;
+                            if (a < b) ++cur;
                           }
                         });
     }

@@ -112,12 +112,12 @@ struct Transfer {
 struct WorkItem {
   int64_t q_row = 0;
   int64_t num_q = 0;
-  RowSpace kv_space = RowSpace::kHome;
   int64_t kv_row = 0;
   int64_t num_k = 0;
-  MaskType type = MaskType::kFull;
   int64_t offset = 0;
   int64_t window = -1;
+  RowSpace kv_space = RowSpace::kHome;  // (the two small fields last: 56 bytes)
+  MaskType type = MaskType::kFull;
   bool operator==(const WorkItem& o) const;
 };
 

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <utility>
@@ -49,11 +50,13 @@ class SharedList {
   // keeps offsets) but must not otherwise change.
   static SharedList View(std::shared_ptr<std::vector<T>> pool, size_t begin, size_t size) {
     SharedList l;
-    if (size > 0) {
-      l.p_ = std::move(pool);
-      l.begin_ = begin;
-      l.size_ = size;
+    if (size == 0) return l;
+    if (begin + size >= kWhole) {  // past a view's 32-bit reach: a copy of its own
+      return SharedList(std::vector<T>(pool->begin() + begin, pool->begin() + begin + size));
     }
+    l.p_ = std::move(pool);
+    l.begin_ = static_cast<uint32_t>(begin);
+    l.size_ = static_cast<uint32_t>(size);
     return l;
   }
 
@@ -103,11 +106,12 @@ class SharedList {
   bool operator!=(const SharedList& o) const { return !(*this == o); }
 
  private:
-  static constexpr size_t kWhole = static_cast<size_t>(-1);
+  // Views keep 32-bit offsets (a list is 24 bytes: plans hold millions).
+  static constexpr uint32_t kWhole = UINT32_MAX;
   bool whole() const { return size_ == kWhole; }
   std::shared_ptr<std::vector<T>> p_;
-  size_t begin_ = 0;
-  size_t size_ = kWhole;  // kWhole: the whole array
+  uint32_t begin_ = 0;
+  uint32_t size_ = kWhole;  // kWhole: the whole array
 };
 
 }  // namespace hsap::plan
