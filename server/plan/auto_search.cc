@@ -106,20 +106,19 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
   std::vector<Tiers> kv_send(P, Tiers{}), kv_recv(P, Tiers{});
   std::vector<Tiers> hf_send(P, Tiers{}), hf_recv(P, Tiers{}), hb_send(P, Tiers{}),
       hb_recv(P, Tiers{});
-  // Group w sends `rows` of its home rows to group v, in every slot with heads.
-  auto kv = [&](int32_t w, int32_t v, int64_t rows) {
-    for (int32_t u = 0; u < U; ++u) {
-      if (slots[u].num_q() == 0) continue;
-      const int32_t from = w * U + u, to = v * U + u;
-      const int64_t bytes = rows * KvRowBytes(spec.shape, slots[u].num_kv());
-      const int t = static_cast<int>(TierOf(topo, to, from));
-      kv_send[from][t] += bytes;
-      kv_recv[to][t] += bytes;
-    }
-  };
+  // K/V bytes of one row per slot (0: a slot without heads) and each
+  // rank's node.
+  std::vector<int64_t> kappa(U, 0);
+  for (int32_t u = 0; u < U; ++u) {
+    if (slots[u].num_q() > 0) kappa[u] = KvRowBytes(spec.shape, slots[u].num_kv());
+  }
+  std::vector<int32_t> node_of(P);
+  for (int32_t r = 0; r < P; ++r) node_of[r] = topo.NodeOf(r);
+  auto tier = [&](int32_t a, int32_t b) { return node_of[a] == node_of[b] ? 0 : 1; };
   if (strategy == Strategy::kSap || strategy == Strategy::kHsap) {
-    // Per receiving group, the rows it needs from each sending group (over
-    // the pool), then added up in group order.
+    // Per receiving group, the rows it needs from each sending group (runs
+    // from one group merged) and what its slots receive (over the pool);
+    // then the senders' side, added up in group order.
     std::vector<std::vector<std::pair<int32_t, int64_t>>> from(V);
     ForEachIndex(pool, V, [&](int64_t v) {
       std::vector<OwnerSegment> home;
@@ -136,12 +135,29 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
         if (it != in.owners.begin()) --it;
         for (; it != in.owners.end() && it->begin < t.end; ++it) {
           const int64_t a = std::max(t.begin, it->begin), b = std::min(t.end, it->end);
-          if (a < b) from[v].push_back({it->rank / U, b - a});
+          if (a >= b) continue;
+          const int32_t w = it->rank / U;
+          if (!from[v].empty() && from[v].back().first == w) {
+            from[v].back().second += b - a;
+          } else {
+            from[v].push_back({w, b - a});
+          }
+        }
+      }
+      for (const auto& [w, rows] : from[v]) {
+        for (int32_t u = 0; u < U; ++u) {
+          const int32_t to = static_cast<int32_t>(v) * U + u;
+          kv_recv[to][tier(to, w * U + u)] += rows * kappa[u];
         }
       }
     });
     for (int32_t v = 0; v < V; ++v) {
-      for (const auto& [w, rows] : from[v]) kv(w, v, rows);
+      for (const auto& [w, rows] : from[v]) {
+        for (int32_t u = 0; u < U; ++u) {
+          const int32_t sender = w * U + u;
+          kv_send[sender][tier(v * U + u, sender)] += rows * kappa[u];
+        }
+      }
     }
   } else if (strategy != Strategy::kUlysses) {  // ring, allgather, usp: every other group
     // Slot u of group v receives every other group's rows from slot u of
@@ -150,8 +166,7 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
     const int64_t all_tokens = dispatch.total_tokens;
     std::vector<int64_t> node_tokens(topo.num_nodes), node_groups(topo.num_nodes);
     for (int32_t u = 0; u < U; ++u) {
-      if (slots[u].num_q() == 0) continue;
-      const int64_t kappa = KvRowBytes(spec.shape, slots[u].num_kv());
+      if (kappa[u] == 0) continue;
       std::fill(node_tokens.begin(), node_tokens.end(), 0);
       std::fill(node_groups.begin(), node_groups.end(), 0);
       for (int32_t w = 0; w < V; ++w) {
@@ -163,10 +178,10 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
       for (int32_t v = 0; v < V; ++v) {
         const int32_t d = v * U + u, n = topo.NodeOf(d);
         const int64_t near = node_tokens[n] - group_tokens[v];
-        kv_recv[d][kIntra] += near * kappa;
-        kv_recv[d][kInter] += (all_tokens - node_tokens[n]) * kappa;
-        kv_send[d][kIntra] += group_tokens[v] * (node_groups[n] - 1) * kappa;
-        kv_send[d][kInter] += group_tokens[v] * (V - node_groups[n]) * kappa;
+        kv_recv[d][kIntra] += near * kappa[u];
+        kv_recv[d][kInter] += (all_tokens - node_tokens[n]) * kappa[u];
+        kv_send[d][kIntra] += group_tokens[v] * (node_groups[n] - 1) * kappa[u];
+        kv_send[d][kInter] += group_tokens[v] * (V - node_groups[n]) * kappa[u];
       }
     }
   }
@@ -250,13 +265,15 @@ double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
     if (in.slots[u].num_q() > 0) kappa[u] = KvRowBytes(spec.shape, in.slots[u].num_kv());
   }
   using Tiers = std::array<int64_t, kNumTiers>;
+  std::vector<int32_t> node_of(P);
+  for (int32_t r = 0; r < P; ++r) node_of[r] = topo.NodeOf(r);
   std::vector<Tiers> send(static_cast<size_t>(P) * S, Tiers{}), recv(send.size(), Tiers{});
   for (int32_t v = 0; v < in.V; ++v) {
     for (const Arrival& a : packing.arrivals[v]) {
       for (int32_t u = 0; u < U; ++u) {
         if (kappa[u] == 0) continue;
         const int32_t to = v * U + u, from = a.src * U + u;
-        const int t = static_cast<int>(TierOf(topo, to, from));
+        const int t = node_of[to] == node_of[from] ? 0 : 1;
         const int64_t bytes = (a.end - a.begin) * kappa[u];
         recv[static_cast<size_t>(to) * S + a.stage][t] += bytes;
         send[static_cast<size_t>(from) * S + a.stage][t] += bytes;

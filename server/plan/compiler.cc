@@ -57,55 +57,77 @@ std::vector<Segment> Shifted(const std::vector<OwnerSegment>& segs, int64_t shif
   return out;
 }
 
+// The rows the head all-to-alls of rank d move: its own at its local rows
+// and each group member's at its home rows in the group, built once per
+// rank and shared by the rank's transfers that carry them (copies of one
+// rank's lists stay on the thread that builds the rank).
+struct HeadRows {
+  SharedList<Segment> local;               // rank d's rows
+  std::vector<SharedList<Segment>> home;   // member g0 + i's rows at their home rows
+  std::vector<int64_t> rows;               // member g0 + i's row count
+};
+
+HeadRows MakeHeadRows(int32_t d, int32_t g0, int32_t U,
+                      const std::vector<std::vector<OwnerSegment>>& local,
+                      const std::vector<int64_t>& home_offset) {
+  HeadRows h;
+  h.local = Shifted(local[d], 0);
+  h.home.resize(U);
+  h.rows.assign(U, 0);
+  for (int32_t i = 0; i < U; ++i) {
+    const int32_t m = g0 + i;
+    if (m != d) h.home[i] = Shifted(local[m], home_offset[m]);
+    for (const OwnerSegment& s : local[m]) h.rows[i] += s.end - s.begin;
+  }
+  return h;
+}
+
 // The head all-to-all of rank `d` in its group (ranks [g0, g0 + U)).
 // `to_home`: forward scatter / backward scatter (local rows of the sender to
 // home rows of the receiver, receiver's heads) or the gathers (home rows of
 // the sender to local rows of the receiver, sender's heads).
 Stage HeadStage(Payload payload, bool to_home, int32_t d, int32_t g0, int32_t U,
-                const std::vector<std::vector<OwnerSegment>>& local,
-                const std::vector<int64_t>& home_offset, const std::vector<HeadSlot>& slots,
-                const PlanSpec& spec) {
+                const HeadRows& rows, const std::vector<HeadSlot>& slots,
+                const std::vector<int32_t>& node_of, const PlanSpec& spec) {
   Stage st;
   const HeadSlot& mine = slots[d - g0];
-  auto count = [&](int32_t r) {
-    int64_t n = 0;
-    for (const OwnerSegment& s : local[r]) n += s.end - s.begin;
-    return n;
-  };
-  const int64_t nd = count(d);
+  const int64_t nd = rows.rows[d - g0];
+  std::vector<Transfer> sends, recvs;
+  sends.reserve(U - 1);
+  recvs.reserve(U - 1);
   for (int32_t m = g0; m < g0 + U; ++m) {
     if (m == d) continue;
     const HeadSlot& theirs = slots[m - g0];
-    const int64_t nm = count(m);
-    const LinkTier tier = TierOf(spec.topology, d, m);
+    const int64_t nm = rows.rows[m - g0];
+    const LinkTier tier = node_of[d] == node_of[m] ? LinkTier::kIntraNode : LinkTier::kInterNode;
     // Send: to_home: my local rows, their heads; else: their rows at my home, my heads.
     const HeadSlot& send_heads = to_home ? theirs : mine;
     const int64_t send_rows = to_home ? nd : nm;
     if (send_heads.num_q() > 0 && send_rows > 0) {
-      Transfer t;
+      Transfer& t = sends.emplace_back();
       t.peer = m;
       t.payload = payload;
       t.tier = tier;
       t.space = to_home ? RowSpace::kLocal : RowSpace::kHome;
       SetHeads(send_heads, &t);
-      t.segments = to_home ? Shifted(local[d], 0) : Shifted(local[m], home_offset[m]);
+      t.segments = to_home ? rows.local : rows.home[m - g0];
       t.bytes = send_rows * HeadRowBytes(payload, spec.shape, send_heads);
-      st.sends.push_back(std::move(t));
     }
     const HeadSlot& recv_heads = to_home ? mine : theirs;
     const int64_t recv_rows = to_home ? nm : nd;
     if (recv_heads.num_q() > 0 && recv_rows > 0) {
-      Transfer t;
+      Transfer& t = recvs.emplace_back();
       t.peer = m;
       t.payload = payload;
       t.tier = tier;
       t.space = to_home ? RowSpace::kHome : RowSpace::kLocal;
       SetHeads(recv_heads, &t);
-      t.segments = to_home ? Shifted(local[m], home_offset[m]) : Shifted(local[d], 0);
+      t.segments = to_home ? rows.home[m - g0] : rows.local;
       t.bytes = recv_rows * HeadRowBytes(payload, spec.shape, recv_heads);
-      st.recvs.push_back(std::move(t));
     }
   }
+  st.sends = std::move(sends);
+  st.recvs = std::move(recvs);
   return st;
 }
 
@@ -116,11 +138,12 @@ Stage HeadStage(Payload payload, bool to_home, int32_t d, int32_t g0, int32_t U,
 // in place and its lists moved; with head groups each rank of the group
 // scales a copy into arrays of its own (one for sends, one for receives).
 void AppendForward(InnerRank& in, int32_t d, int32_t U, int32_t u, int64_t kappa,
-                   const HeadSlot& slot, const Topology& topo, std::vector<Stage>* fwd) {
+                   const HeadSlot& slot, const std::vector<int32_t>& node_of,
+                   std::vector<Stage>* fwd) {
   auto scale = [&](const Transfer& t, bool is_recv, Transfer* o) {
     o->peer = t.peer * U + u;
     o->payload = t.payload;
-    o->tier = TierOf(topo, d, o->peer);
+    o->tier = node_of[d] == node_of[o->peer] ? LinkTier::kIntraNode : LinkTier::kInterNode;
     o->space = t.space;
     SetHeads(slot, o);
     if (o != &t) o->segments = t.segments;
@@ -352,6 +375,8 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     }
   });
   std::vector<RankModel> models(P);
+  std::vector<int32_t> node_of(P);
+  for (int32_t r = 0; r < P; ++r) node_of[r] = topo.NodeOf(r);
 
   Plan plan;
   plan.spec = spec;
@@ -375,23 +400,24 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     const int64_t kappa = KvRowBytes(spec.shape, slot.num_kv());
     rp.kv_row_bytes = kappa;
     std::vector<Stage> fwd, bwd;
+    const HeadRows head_rows = U > 1 ? MakeHeadRows(d, g0, U, local, home_offset) : HeadRows{};
     if (U > 1) {
-      fwd.push_back(HeadStage(Payload::kQkvHeads, true, d, g0, U, local, home_offset, slots, spec));
-      bwd.push_back(HeadStage(Payload::kBwdHeads, true, d, g0, U, local, home_offset, slots, spec));
+      fwd.push_back(HeadStage(Payload::kQkvHeads, true, d, g0, U, head_rows, slots, node_of, spec));
+      bwd.push_back(HeadStage(Payload::kBwdHeads, true, d, g0, U, head_rows, slots, node_of, spec));
     }
     if (slot.num_q() == 0) {
       fwd.resize(fwd.size() + inner_stages);
       bwd.resize(bwd.size() + inner_stages);
     } else {
       const size_t first = fwd.size();
-      AppendForward(inner[v], d, U, u, kappa, slot, topo, &fwd);
+      AppendForward(inner[v], d, U, u, kappa, slot, node_of, &fwd);
       AppendBackward(fwd, first, fwd.size(), &bwd);
     }
     if (U > 1) {
       fwd.push_back(
-          HeadStage(Payload::kOutLseHeads, false, d, g0, U, local, home_offset, slots, spec));
+          HeadStage(Payload::kOutLseHeads, false, d, g0, U, head_rows, slots, node_of, spec));
       bwd.push_back(
-          HeadStage(Payload::kGradQkvHeads, false, d, g0, U, local, home_offset, slots, spec));
+          HeadStage(Payload::kGradQkvHeads, false, d, g0, U, head_rows, slots, node_of, spec));
     }
     rp.forward = std::move(fwd);
     rp.backward = std::move(bwd);
