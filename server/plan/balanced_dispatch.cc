@@ -1,6 +1,7 @@
 #include "server/plan/balanced_dispatch.h"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <functional>
 #include <tuple>
@@ -101,36 +102,41 @@ struct Attempt {
   int64_t max_need = 0;   // estimated need of the busiest rank, tokens
 };
 
-// Ranks ordered by a key (area or need), among those with room: a segment
-// tree over ranks holding the (key, rank) minimum and the largest room of
-// each subtree. Update is O(log P); Visit finds the k best ranks with
-// enough room in one pruned depth-first search, O(k log P) when keys are
-// spread.
+// Ranks ordered by a key, among those with room: a segment tree over ranks
+// holding, for each of kKeys orders (area or need, among ranks with any
+// room or with room for a full piece), the (key, rank) minimum of each
+// subtree, and its largest room. One Update refreshes every order in one
+// O(log P) pass; Visit finds the k best ranks of one order with enough
+// room in one pruned depth-first search, O(k log P) when keys are spread.
 class RankTree {
  public:
-  // Ranks with room < min_leaf_room are left out.
-  RankTree(const std::vector<int64_t>* keys, const std::vector<int64_t>* cap,
-           int64_t min_leaf_room = 1)
-      : keys_(keys), cap_(cap), min_leaf_room_(std::max<int64_t>(1, min_leaf_room)) {
+  static constexpr int kKeys = 4;
+  struct Order {
+    const std::vector<int64_t>* keys;
+    int64_t min_leaf_room;  // ranks with less room are left out (>= 1)
+  };
+  RankTree(std::array<Order, kKeys> orders, const std::vector<int64_t>* cap)
+      : orders_(orders), cap_(cap) {
+    for (Order& o : orders_) o.min_leaf_room = std::max<int64_t>(1, o.min_leaf_room);
     n_ = 1;
-    while (n_ < keys->size()) n_ *= 2;
-    min_.assign(2 * n_, kNone);
-    room_.assign(2 * n_, 0);
-    for (size_t r = 0; r < keys->size(); ++r) SetLeaf(r);
+    while (n_ < cap->size()) n_ *= 2;
+    nodes_.assign(2 * n_, Node{});
+    for (size_t r = 0; r < cap->size(); ++r) SetLeaf(r);
     for (size_t i = n_ - 1; i >= 1; --i) Pull(i);
   }
   void Update(int32_t r) {
     size_t i = SetLeaf(r);
     for (i /= 2; i >= 1; i /= 2) Pull(i);
   }
-  // Calls f(rank) for ranks with room >= min_room in (key, rank) order until
-  // f returns true or `limit` (<= kMaxVisit) ranks were visited.
+  // Calls f(rank) for ranks with room >= min_room in order `order`'s (key,
+  // rank) order until f returns true or `limit` (<= kMaxVisit) ranks were
+  // visited.
   static constexpr int kMaxVisit = 2;
   template <typename F>
-  void Visit(int limit, int64_t min_room, F&& f) {
+  void Visit(int order, int limit, int64_t min_room, F&& f) const {
     Key best[kMaxVisit];
     int found = 0;
-    Search(1, min_room, std::min(limit, kMaxVisit), best, &found);
+    Search(1, order, min_room, std::min(limit, kMaxVisit), best, &found);
     for (int k = 0; k < found; ++k) {
       if (f(best[k].second)) return;
     }
@@ -139,40 +145,51 @@ class RankTree {
  private:
   using Key = std::pair<int64_t, int32_t>;
   static constexpr Key kNone = {INT64_MAX, INT32_MAX};
+  struct Node {
+    std::array<Key, kKeys> min{kNone, kNone, kNone, kNone};
+    int64_t room = 0;
+  };
   // Keeps in best[0, *found) (ascending, at most `limit`) the least leaf
   // keys with room >= min_room; a subtree whose minimum cannot enter the
   // list, or without a leaf with enough room, is skipped.
-  void Search(size_t i, int64_t min_room, int limit, Key* best, int* found) const {
-    if (room_[i] < min_room || min_[i] == kNone) return;
-    if (*found == limit && !(min_[i] < best[limit - 1])) return;
+  void Search(size_t i, int order, int64_t min_room, int limit, Key* best, int* found) const {
+    const Node& n = nodes_[i];
+    if (n.room < min_room || n.min[order] == kNone) return;
+    if (*found == limit && !(n.min[order] < best[limit - 1])) return;
     if (i >= n_) {
       int k = *found < limit ? (*found)++ : limit - 1;
-      for (; k > 0 && min_[i] < best[k - 1]; --k) best[k] = best[k - 1];
-      best[k] = min_[i];
+      for (; k > 0 && n.min[order] < best[k - 1]; --k) best[k] = best[k - 1];
+      best[k] = n.min[order];
       return;
     }
     size_t a = 2 * i, b = 2 * i + 1;
-    if (min_[b] < min_[a]) std::swap(a, b);
-    Search(a, min_room, limit, best, found);
-    Search(b, min_room, limit, best, found);
+    if (nodes_[b].min[order] < nodes_[a].min[order]) std::swap(a, b);
+    Search(a, order, min_room, limit, best, found);
+    Search(b, order, min_room, limit, best, found);
   }
   size_t SetLeaf(size_t r) {
     const size_t i = n_ + r;
     const int64_t room = (*cap_)[r];
-    min_[i] = room >= min_leaf_room_ ? std::make_pair((*keys_)[r], static_cast<int32_t>(r)) : kNone;
-    room_[i] = room;
+    Node& n = nodes_[i];
+    for (int k = 0; k < kKeys; ++k) {
+      n.min[k] = room >= orders_[k].min_leaf_room
+                     ? std::make_pair((*orders_[k].keys)[r], static_cast<int32_t>(r))
+                     : kNone;
+    }
+    n.room = room;
     return i;
   }
   void Pull(size_t i) {
-    min_[i] = std::min(min_[2 * i], min_[2 * i + 1]);
-    room_[i] = std::max(room_[2 * i], room_[2 * i + 1]);
+    Node& n = nodes_[i];
+    const Node& a = nodes_[2 * i];
+    const Node& b = nodes_[2 * i + 1];
+    for (int k = 0; k < kKeys; ++k) n.min[k] = std::min(a.min[k], b.min[k]);
+    n.room = std::max(a.room, b.room);
   }
-  const std::vector<int64_t>* keys_;
+  std::array<Order, kKeys> orders_;
   const std::vector<int64_t>* cap_;
-  int64_t min_leaf_room_;
   size_t n_ = 1;
-  std::vector<Key> min_;
-  std::vector<int64_t> room_;
+  std::vector<Node> nodes_;
 };
 
 // Places `items` in order (see the header). Every rank ends with exactly its
@@ -189,8 +206,10 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
   // walk past ranks too full for it.
   int64_t piece = 1;
   for (const Item& it : items) piece = std::max(piece, it.end - it.begin);
-  RankTree by_area(&area, &cap), by_need(&need, &cap);
-  RankTree piece_by_area(&area, &cap, piece), piece_by_need(&need, &cap, piece);
+  enum { kByArea, kByNeed, kPieceByArea, kPieceByNeed };
+  RankTree tree({RankTree::Order{&area, 1}, RankTree::Order{&need, 1},
+                 RankTree::Order{&area, piece}, RankTree::Order{&need, piece}},
+                &cap);
   // Per rank: the units it holds with the end of its last run in each (few
   // per rank); per unit: the ranks holding some of it, most recent last.
   std::vector<std::vector<std::pair<int64_t, int64_t>>> rank_units(ranks);
@@ -210,10 +229,7 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
     cap[r] -= e - b;
     area[r] += a;
     need[r] += added;
-    by_area.Update(r);
-    by_need.Update(r);
-    piece_by_area.Update(r);
-    piece_by_need.Update(r);
+    tree.Update(r);
     auto& ru = rank_units[r];
     auto h = std::find_if(ru.begin(), ru.end(), [&](const auto& p) { return p.first == unit; });
     if (h == ru.end()) {
@@ -239,13 +255,13 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
     for (size_t i = hs.size() > kCandidates ? hs.size() - kCandidates : 0; i < hs.size(); ++i) {
       candidates.push_back(hs[i]);
     }
-    RankTree& with_room_by_area = len == piece ? piece_by_area : by_area;
-    RankTree& with_room_by_need = len == piece ? piece_by_need : by_need;
-    with_room_by_area.Visit(kTreeCandidates, len, [&](int32_t r) {
+    const int with_room_by_area = len == piece ? kPieceByArea : kByArea;
+    const int with_room_by_need = len == piece ? kPieceByNeed : kByNeed;
+    tree.Visit(with_room_by_area, kTreeCandidates, len, [&](int32_t r) {
       candidates.push_back(r);
       return false;
     });
-    with_room_by_need.Visit(kTreeCandidates, len, [&](int32_t r) {
+    tree.Visit(with_room_by_need, kTreeCandidates, len, [&](int32_t r) {
       candidates.push_back(r);
       return false;
     });
@@ -266,7 +282,7 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
       }
     }
     if (best < 0) {  // LPT: the least area with room for the item
-      with_room_by_area.Visit(1, len, [&](int32_t r) {
+      tree.Visit(with_room_by_area, 1, len, [&](int32_t r) {
         best = r;
         return true;
       });
@@ -278,7 +294,7 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
     const Unit& u = units[it.unit];
     for (int64_t x = it.begin; x < it.end;) {
       int32_t r_min = -1;  // least area first
-      by_area.Visit(1, 1, [&](int32_t r) {
+      tree.Visit(kByArea, 1, 1, [&](int32_t r) {
         r_min = r;
         return true;
       });

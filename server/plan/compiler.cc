@@ -353,27 +353,6 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
   }
   const size_t inner_stages = inner[0].stages.size();
   const int64_t kappa_full = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
-  // Work-item areas of the inner stages, summed once per group (its ranks
-  // share them) for the cost model.
-  auto items_area = [](const SharedList<WorkItem>& items) {
-    int64_t area = 0;
-    for (const WorkItem& w : items) {
-      MaskSlice s;
-      s.q_end = w.num_q;
-      s.k_end = w.num_k;
-      s.type = w.type;
-      s.offset = w.offset;
-      s.window = w.window;
-      area += SliceArea(s);
-    }
-    return area;
-  };
-  std::vector<std::vector<std::array<int64_t, 2>>> inner_area(V);
-  ForEachIndex(pool, V, [&](int64_t v) {
-    for (const Stage& st : inner[v].stages) {
-      inner_area[v].push_back({items_area(st.overlap_items), items_area(st.items)});
-    }
-  });
   std::vector<RankModel> models(P);
   std::vector<int32_t> node_of(P);
   for (int32_t r = 0; r < P; ++r) node_of[r] = topo.NodeOf(r);
@@ -425,7 +404,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     area.reserve(rp.forward.size());
     if (U > 1) area.push_back({0, 0});
     for (size_t s = 0; s < inner_stages; ++s) {
-      area.push_back(slot.num_q() == 0 ? std::array<int64_t, 2>{0, 0} : inner_area[v][s]);
+      area.push_back(slot.num_q() == 0 ? std::array<int64_t, 2>{0, 0} : inner[v].stage_area[s]);
     }
     if (U > 1) area.push_back({0, 0});
     RankStats& rs = rp.stats;

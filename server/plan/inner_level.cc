@@ -44,9 +44,11 @@ bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
     return ret_load[at];
   };
   auto room_ret = [&](int32_t src, int32_t s) { return budget_rows - ret(src, s); };
+  // Pieces of one receiver go to scratch, then back over its arrivals
+  // (their array is reused: it usually has room).
+  std::vector<Arrival> out;
   for (size_t v = 0; v < n; ++v) {
-    std::vector<Arrival> out;
-    out.reserve((*arrivals)[v].size() + 16);
+    out.clear();
     int32_t stage = 0;
     int64_t recv_load = 0;
     for (Arrival a : (*arrivals)[v]) {
@@ -90,7 +92,7 @@ bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
         a.begin += take;
       }
     }
-    (*arrivals)[v] = std::move(out);
+    (*arrivals)[v].assign(out.begin(), out.end());
   }
   return true;
 }
@@ -123,12 +125,12 @@ absl::StatusOr<InnerPacking> PackInnerLevel(const SliceIndex& index,
     if (kind == InnerKind::kExactNeed) {
       for (const TokenRange& t : need) {
         ForEachOwnerPiece(owners, t.begin, t.end, [&](const OwnerSegment& o, int64_t a, int64_t b) {
-          arrivals[v].push_back({o.rank, a, b, o.local_row + (a - o.begin), 0, 0});
+          arrivals[v].push_back({o.rank, 0, a, b, o.local_row + (a - o.begin), 0});
         });
       }
     } else if (kind == InnerKind::kAllGather) {
       for (const OwnerSegment& o : owners) {
-        if (o.rank != v) arrivals[v].push_back({o.rank, o.begin, o.end, o.local_row, 0, 0});
+        if (o.rank != v) arrivals[v].push_back({o.rank, 0, o.begin, o.end, o.local_row, 0});
       }
     }
   });
@@ -159,7 +161,7 @@ absl::StatusOr<InnerPacking> PackInnerLevel(const SliceIndex& index,
             const int64_t j = row / budget_rows;
             const int64_t b = std::min(s.end, a + (j + 1) * budget_rows - row);
             arrivals[v].push_back(
-                {src, a, b, row, static_cast<int32_t>((k - 1) * chunks + j), 0});
+                {src, static_cast<int32_t>((k - 1) * chunks + j), a, b, row, 0});
             a = b;
           }
         }
@@ -339,6 +341,8 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
     emitted.clear();
     list_of.clear();
     int64_t area = 0;
+    std::vector<std::array<int64_t, 2>>& stage_area = out[v].stage_area;
+    stage_area.assign(num_stages, {0, 0});
     // Demands come by key start, so the last arrival starting at or before
     // a demand's first key only moves forward; within a demand, its pieces
     // ascend.
@@ -357,6 +361,7 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
         const int64_t a = SliceArea(piece);
         if (a == 0) return;
         area += a;
+        stage_area[stage][space == RowSpace::kHome ? 0 : 1] += a;
         WorkItem w;
         w.q_row = d.q_row + (rows.begin - d.q_begin);
         w.num_q = rows.size();

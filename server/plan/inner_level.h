@@ -10,6 +10,7 @@
 #ifndef HSAP_SERVER_PLAN_INNER_LEVEL_H_
 #define HSAP_SERVER_PLAN_INNER_LEVEL_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -36,15 +37,18 @@ struct InnerRank {
   std::shared_ptr<std::vector<Transfer>> send_pool, recv_pool;
   int64_t exact_need_rows = 0;
   int64_t area = 0;  // allowed pairs computed
+  // Per stage: the allowed pairs of {overlap_items, items} (the cost model's
+  // inputs; the ranks of a head group share them).
+  std::vector<std::array<int64_t, 2>> stage_area;
 };
 
 // One run of K/V rows a virtual rank receives.
 struct Arrival {
   int32_t src = 0;
+  int32_t stage = 0;
   int64_t begin = 0;  // global
   int64_t end = 0;
   int64_t src_row = 0;  // home row of `begin` on src
-  int32_t stage = 0;
   int64_t recv_row = 0;  // receive-buffer row of `begin` (set by BuildInnerLevel)
 };
 
