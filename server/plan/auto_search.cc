@@ -116,47 +116,87 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
   for (int32_t r = 0; r < P; ++r) node_of[r] = topo.NodeOf(r);
   auto tier = [&](int32_t a, int32_t b) { return node_of[a] == node_of[b] ? 0 : 1; };
   if (strategy == Strategy::kSap || strategy == Strategy::kHsap) {
-    // Per receiving group, the rows it needs from each sending group (runs
-    // from one group merged) and what its slots receive (over the pool);
-    // then the senders' side, added up in group order.
-    std::vector<std::vector<std::pair<int32_t, int64_t>>> from(V);
+    // Groups align with nodes (U is 1 or the devices of a node), so every
+    // slot of group v is on node gnode[v] and a row from group w to v
+    // crosses nodes iff their nodes differ. Per group, its exact need (over
+    // the pool); the rows it receives from its own node come from prefix
+    // sums of the rows each node owns, and the rows each group sends to
+    // its own node and to others from one sweep of every group's need
+    // ranges over the owner map (no per-sender pieces: their count grows
+    // as P^2 when one document spans every rank).
+    std::vector<int32_t> group_of(P);
+    for (int32_t r = 0; r < P; ++r) group_of[r] = r / U;
+    std::vector<int32_t> gnode(V);
+    for (int32_t v = 0; v < V; ++v) gnode[v] = node_of[v * U];
+    std::vector<std::vector<TokenRange>> need(V);
     ForEachIndex(pool, V, [&](int64_t v) {
       std::vector<OwnerSegment> home;
-      for (int32_t m = v * U; m < (v + 1) * U; ++m) {
+      for (int32_t m = static_cast<int32_t>(v) * U; m < (v + 1) * U; ++m) {
         for (const TokenRange& t : dispatch.ranges[m]) {
           home.push_back({t.begin, t.end, static_cast<int32_t>(v), 0});
         }
       }
       std::sort(home.begin(), home.end(),
                 [](const OwnerSegment& a, const OwnerSegment& b) { return a.begin < b.begin; });
-      for (const TokenRange& t : ExactNeed(ComputeDemands(index, home), home)) {
-        auto it = std::upper_bound(in.owners.begin(), in.owners.end(), t.begin,
-                                   [](int64_t x, const OwnerSegment& s) { return x < s.begin; });
-        if (it != in.owners.begin()) --it;
-        for (; it != in.owners.end() && it->begin < t.end; ++it) {
-          const int64_t a = std::max(t.begin, it->begin), b = std::min(t.end, it->end);
-          if (a >= b) continue;
-          const int32_t w = it->rank / U;
-          if (!from[v].empty() && from[v].back().first == w) {
-            from[v].back().second += b - a;
-          } else {
-            from[v].push_back({w, b - a});
-          }
-        }
-      }
-      for (const auto& [w, rows] : from[v]) {
-        for (int32_t u = 0; u < U; ++u) {
-          const int32_t to = static_cast<int32_t>(v) * U + u;
-          kv_recv[to][tier(to, w * U + u)] += rows * kappa[u];
-        }
-      }
+      need[v] = ExactNeed(ComputeDemands(index, home), home);
     });
+    struct NodeRows {
+      std::vector<int64_t> begin, end, before;  // owned runs and the rows before each
+      int64_t Below(int64_t x) const {
+        const size_t i = static_cast<size_t>(std::upper_bound(begin.begin(), begin.end(), x) -
+                                             begin.begin());
+        return i == 0 ? 0 : before[i - 1] + std::min(x, end[i - 1]) - begin[i - 1];
+      }
+    };
+    std::vector<NodeRows> node_rows(topo.num_nodes);
+    for (const OwnerSegment& o : in.owners) {
+      NodeRows& nr = node_rows[gnode[group_of[o.rank]]];
+      nr.before.push_back(nr.before.empty() ? 0 : nr.before.back() + nr.end.back() - nr.begin.back());
+      nr.begin.push_back(o.begin);
+      nr.end.push_back(o.end);
+    }
+    struct Event {
+      int64_t pos;
+      int32_t node;
+      int32_t delta;
+    };
+    std::vector<Event> events;
     for (int32_t v = 0; v < V; ++v) {
-      for (const auto& [w, rows] : from[v]) {
-        for (int32_t u = 0; u < U; ++u) {
-          const int32_t sender = w * U + u;
-          kv_send[sender][tier(v * U + u, sender)] += rows * kappa[u];
+      const NodeRows& own_node = node_rows[gnode[v]];
+      int64_t total = 0, near = 0;
+      for (const TokenRange& t : need[v]) {
+        total += t.size();
+        near += own_node.Below(t.end) - own_node.Below(t.begin);
+        events.push_back({t.begin, gnode[v], +1});
+        events.push_back({t.end, gnode[v], -1});
+      }
+      for (int32_t u = 0; u < U; ++u) {
+        kv_recv[v * U + u][0] += near * kappa[u];
+        kv_recv[v * U + u][1] += (total - near) * kappa[u];
+      }
+    }
+    std::sort(events.begin(), events.end(),
+              [](const Event& a, const Event& b) { return a.pos < b.pos; });
+    std::vector<int64_t> cover(topo.num_nodes, 0), sent_near(V, 0), sent_far(V, 0);
+    int64_t cover_all = 0;
+    size_t e = 0;
+    for (const OwnerSegment& o : in.owners) {
+      const int32_t w = group_of[o.rank], m = gnode[w];
+      for (int64_t x = o.begin; x < o.end;) {
+        for (; e < events.size() && events[e].pos <= x; ++e) {
+          cover[events[e].node] += events[e].delta;
+          cover_all += events[e].delta;
         }
+        const int64_t y = e < events.size() ? std::min(o.end, events[e].pos) : o.end;
+        sent_near[w] += cover[m] * (y - x);
+        sent_far[w] += (cover_all - cover[m]) * (y - x);
+        x = y;
+      }
+    }
+    for (int32_t w = 0; w < V; ++w) {
+      for (int32_t u = 0; u < U; ++u) {
+        kv_send[w * U + u][0] += sent_near[w] * kappa[u];
+        kv_send[w * U + u][1] += sent_far[w] * kappa[u];
       }
     }
   } else if (strategy != Strategy::kUlysses) {  // ring, allgather, usp: every other group
@@ -193,7 +233,7 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
       for (int32_t m = g0; m < g0 + U; ++m) {
         if (m == d) continue;
         const HeadSlot& theirs = slots[m - g0];
-        const int t = static_cast<int>(TierOf(topo, d, m));
+        const int t = tier(d, m);
         const int64_t nm = in.tokens[m];
         if (mine.num_q() > 0) {  // scatters into my heads: their rows
           hf_recv[d][t] += nm * HeadRowBytes(Payload::kQkvHeads, spec.shape, mine);
