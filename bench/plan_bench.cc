@@ -256,11 +256,14 @@ int main(int argc, char** argv) {
           }
         }
         check(row.hit_us <= 10, absl::StrCat(s, "/", a, " cache hit ", row.hit_us, " us > 10"));
-        if (T == 65536 && P == 8 && (s == "sap" || s == "hsap")) {
+        // Compile time: the strategies hsapd runs (sap, hsap and auto, which
+        // picks among all six); the baselines are there for comparison.
+        const bool runs_in_hsapd = s == "sap" || s == "hsap" || s == "auto";
+        if (T == 65536 && P == 8 && runs_in_hsapd) {
           check(row.compile_us_max <= 1000,
                 absl::StrCat(s, "/", a, " compile max ", row.compile_us_max, " us > 1 ms"));
         }
-        if (T == 1048576 && P == 512 && (s == "sap" || s == "hsap")) {
+        if (T == 1048576 && P == 512 && runs_in_hsapd) {
           check(row.compile_us_max <= 50000,
                 absl::StrCat(s, "/", a, " compile max ", row.compile_us_max, " us > 50 ms"));
         }

@@ -228,32 +228,66 @@ void AppendBackward(const std::vector<Stage>& fwd, size_t first, size_t end,
   }
 }
 
-void AddBytes(const TransferList& ts, std::array<int64_t, kNumTiers>* out) {
-  for (const Transfer& t : ts) (*out)[static_cast<int>(t.tier)] += t.bytes;
-}
+// A rank's bytes per stage with each list read once. A forward stage's
+// are its sends' and receives'. A backward stage in [first_inner,
+// end_inner) repeats its forward stage's transfers and returns mirrors of
+// them (AppendBackward: a return send per receive, a return receive per
+// send, same tier and bytes), so its sums follow from the forward stage's;
+// the other backward stages (head all-to-alls) are read.
+struct RankBytes {
+  std::vector<StageBytes> fwd, bwd;
+  std::vector<int64_t> fwd_buffer;  // per forward stage: K/V bytes into the receive buffer
+};
 
-int64_t BufferBytes(const TransferList& ts) {
-  int64_t b = 0;
-  for (const Transfer& t : ts) b += t.bytes;
-  return b;
-}
-
-// A rank's byte statistics, from its stages.
-void FillRankStats(RankPlan* rp) {
-  RankStats& rs = rp->stats;
-  for (const Stage& st : rp->forward) {
-    AddBytes(st.recvs, &rs.fwd_recv_bytes);
-    AddBytes(st.sends, &rs.fwd_send_bytes);
-    int64_t kv = 0;
-    for (const Transfer& t : st.recvs) kv += t.space == RowSpace::kRecv ? t.bytes : 0;
-    rs.peak_recv_buffer_bytes = std::max(rs.peak_recv_buffer_bytes, kv);
+RankBytes SumRankBytes(const RankPlan& rp, size_t first_inner, size_t end_inner) {
+  RankBytes rb;
+  rb.fwd.resize(rp.forward.size());
+  rb.bwd.resize(rp.backward.size());
+  rb.fwd_buffer.assign(rp.forward.size(), 0);
+  auto add = [](const TransferList& ts, std::array<int64_t, kNumTiers>* out) {
+    for (const Transfer& t : ts) (*out)[static_cast<int>(t.tier)] += t.bytes;
+  };
+  for (size_t s = 0; s < rp.forward.size(); ++s) {
+    const Stage& st = rp.forward[s];
+    add(st.sends, &rb.fwd[s].send);
+    for (const Transfer& t : st.recvs) {
+      rb.fwd[s].recv[static_cast<int>(t.tier)] += t.bytes;
+      if (t.space == RowSpace::kRecv) rb.fwd_buffer[s] += t.bytes;
+    }
   }
-  for (const Stage& st : rp->backward) {
-    AddBytes(st.recvs, &rs.bwd_recv_bytes);
-    AddBytes(st.sends, &rs.bwd_send_bytes);
-    AddBytes(st.return_recvs, &rs.bwd_recv_bytes);
-    AddBytes(st.return_sends, &rs.bwd_send_bytes);
-    rs.peak_recv_buffer_bytes = std::max(rs.peak_recv_buffer_bytes, BufferBytes(st.return_recvs));
+  for (size_t s = 0; s < rp.backward.size(); ++s) {
+    StageBytes& b = rb.bwd[s];
+    if (s >= first_inner && s < end_inner) {
+      b.send = b.return_recv = rb.fwd[s].send;
+      b.recv = b.return_send = rb.fwd[s].recv;
+      continue;
+    }
+    const Stage& st = rp.backward[s];
+    add(st.sends, &b.send);
+    add(st.recvs, &b.recv);
+    add(st.return_sends, &b.return_send);
+    add(st.return_recvs, &b.return_recv);
+  }
+  return rb;
+}
+
+// A rank's byte statistics, from its stages' sums.
+void FillRankStats(const RankBytes& rb, RankStats* rs) {
+  for (size_t s = 0; s < rb.fwd.size(); ++s) {
+    for (int t = 0; t < kNumTiers; ++t) {
+      rs->fwd_recv_bytes[t] += rb.fwd[s].recv[t];
+      rs->fwd_send_bytes[t] += rb.fwd[s].send[t];
+    }
+    rs->peak_recv_buffer_bytes = std::max(rs->peak_recv_buffer_bytes, rb.fwd_buffer[s]);
+  }
+  for (const StageBytes& b : rb.bwd) {
+    int64_t returned = 0;
+    for (int t = 0; t < kNumTiers; ++t) {
+      rs->bwd_recv_bytes[t] += b.recv[t] + b.return_recv[t];
+      rs->bwd_send_bytes[t] += b.send[t] + b.return_send[t];
+      returned += b.return_recv[t];
+    }
+    rs->peak_recv_buffer_bytes = std::max(rs->peak_recv_buffer_bytes, returned);
   }
 }
 
@@ -425,8 +459,10 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
           head_bytes + (slot.num_q() > 0 ? inner[v].exact_need_rows * kappa : 0);
     }
     // Statistics and model while the rank's lists are in cache.
-    FillRankStats(&rp);
-    models[d] = ModelRank(profile, spec.shape.head_dim, area, &rp);
+    const size_t first_inner = U > 1 ? 1 : 0;
+    const RankBytes rb = SumRankBytes(rp, first_inner, first_inner + inner_stages);
+    FillRankStats(rb, &rs);
+    models[d] = ModelRank(profile, spec.shape.head_dim, area, rb.fwd, rb.bwd, &rp);
   });
   FinishStats(slices, &plan);
   FinishModel(models, &plan.stats);

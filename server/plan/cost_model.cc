@@ -77,10 +77,21 @@ double ComputeSeconds(const HardwareProfile& p, int64_t area, int64_t heads, int
   return flops / p.attention_flops;
 }
 
+// The bytes of one stage's lists.
+StageBytes ListBytes(const Stage& st) {
+  TierBytes b, r;
+  Add(st.sends, false, &b);
+  Add(st.recvs, true, &b);
+  Add(st.return_sends, false, &r);
+  Add(st.return_recvs, true, &r);
+  return {b.send, b.recv, r.send, r.recv};
+}
+
 // area(stage index, backward?, overlap?) -> area of that stage's items of
-// `rp`.
-template <typename AreaFn>
-RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area, RankPlan* rp) {
+// `rp`; bytes(stage index, backward?) -> its StageBytes.
+template <typename AreaFn, typename BytesFn>
+RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area,
+                        BytesFn&& bytes, RankPlan* rp) {
   RankModel m;
   m.fwd_s.assign(rp->forward.size(), 0.0);
   m.bwd_s.assign(rp->backward.size(), 0.0);
@@ -91,10 +102,10 @@ RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area
   rs.bwd_transfer_us = {};
   TierBytes fwd_total, bwd_total;
   for (size_t s = 0; s < rp->forward.size(); ++s) {
-    const Stage& st = rp->forward[s];
+    const StageBytes sb = bytes(s, false);
     TierBytes b;
-    Add(st.sends, false, &b);
-    Add(st.recvs, true, &b);
+    b.send = sb.send;
+    b.recv = sb.recv;
     for (int t = 0; t < kNumTiers; ++t) {
       fwd_total.send[t] += b.send[t];
       fwd_total.recv[t] += b.recv[t];
@@ -108,12 +119,12 @@ RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area
     m.fwd_s[s] = t;
   }
   for (size_t s = 0; s < rp->backward.size(); ++s) {
-    const Stage& st = rp->backward[s];
+    const StageBytes sb = bytes(s, true);
     TierBytes b, r;
-    Add(st.sends, false, &b);
-    Add(st.recvs, true, &b);
-    Add(st.return_sends, false, &r);
-    Add(st.return_recvs, true, &r);
+    b.send = sb.send;
+    b.recv = sb.recv;
+    r.send = sb.return_send;
+    r.recv = sb.return_recv;
     for (const TierBytes* x : {&b, &r}) {
       for (int t = 0; t < kNumTiers; ++t) {
         bwd_total.send[t] += x->send[t];
@@ -176,11 +187,13 @@ double StageTransferSeconds(const HardwareProfile& profile,
 }
 
 RankModel ModelRank(const HardwareProfile& profile, int64_t head_dim,
-                    const std::vector<std::array<int64_t, 2>>& stage_area, RankPlan* rp) {
+                    const std::vector<std::array<int64_t, 2>>& stage_area,
+                    const std::vector<StageBytes>& fwd_bytes,
+                    const std::vector<StageBytes>& bwd_bytes, RankPlan* rp) {
   return ModelRankWith(
       profile, head_dim,
       [&stage_area](size_t s, bool, bool overlap) { return stage_area[s][overlap ? 0 : 1]; },
-      rp);
+      [&](size_t s, bool backward) { return (backward ? bwd_bytes : fwd_bytes)[s]; }, rp);
 }
 
 void FinishModel(const std::vector<RankModel>& models, PlanStats* stats) {
@@ -212,6 +225,9 @@ void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
         [&rp](size_t s, bool backward, bool overlap) {
           const Stage& st = (backward ? rp.backward : rp.forward)[s];
           return ItemsArea(overlap ? st.overlap_items : st.items);
+        },
+        [&rp](size_t s, bool backward) {
+          return ListBytes((backward ? rp.backward : rp.forward)[s]);
         },
         &rp));
   }

@@ -52,7 +52,7 @@ void ModelPlanTime(const HardwareProfile& profile, Plan* plan);
 
 // The same in two halves, for a caller that models each rank where it
 // builds it (the compiler, over its pool). ModelRank fills rp's modeled
-// times (RankStats::*_us) from its transfers and the work-item areas
+// times (RankStats::*_us) from its per-stage bytes and the work-item areas
 // stage_area[s] = {area of overlap_items, area of items} of its forward
 // stage s and of its backward stage s (the compiler's backward stages repeat
 // the forward items; the ranks of a head group share theirs, so the compiler
@@ -69,8 +69,20 @@ struct RankModel {
   std::vector<double> fwd_s, bwd_s;  // per stage, seconds
   double lb_fwd_s = 0, lb_bwd_s = 0;
 };
+// Bytes one rank moves in one stage, by tier: its sends and receives, and
+// (backward) its dK/dV returns.
+struct StageBytes {
+  std::array<int64_t, kNumTiers> send{}, recv{};
+  std::array<int64_t, kNumTiers> return_send{}, return_recv{};
+};
+// REQUIRES: fwd_bytes[s] / bwd_bytes[s] are the sums of rp's forward /
+// backward stage s (the compiler derives a backward stage's from its
+// forward stage's: the same transfers, returns mirrored), stage_area as
+// above.
 RankModel ModelRank(const HardwareProfile& profile, int64_t head_dim,
-                    const std::vector<std::array<int64_t, 2>>& stage_area, RankPlan* rp);
+                    const std::vector<std::array<int64_t, 2>>& stage_area,
+                    const std::vector<StageBytes>& fwd_bytes,
+                    const std::vector<StageBytes>& bwd_bytes, RankPlan* rp);
 void FinishModel(const std::vector<RankModel>& models, PlanStats* stats);
 
 }  // namespace hsap::plan
