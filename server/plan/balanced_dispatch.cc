@@ -68,9 +68,9 @@ struct Item {
   int64_t unit = 0;
 };
 
-// The items of one level: units of at most `piece` tokens whole, longer ones
-// cut into pieces of `piece` tokens (a causal document's first pieces are
-// light and its last heavy); heaviest first (LPT), ties by position.
+// The items of one level, in position order: units of at most `piece`
+// tokens whole, longer ones cut into pieces of `piece` tokens (a causal
+// document's first pieces are light and its last heavy).
 std::vector<Item> MakeItems(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units,
                             int64_t piece) {
   std::vector<Item> items;
@@ -89,9 +89,15 @@ std::vector<Item> MakeItems(absl::Span<const MaskSlice> slices, const std::vecto
       ax = a;
     }
   }
+  return items;
+}
+
+// Placement order: heaviest first (LPT), then longest, ties by position.
+std::vector<Item> Lpt(std::vector<Item> items) {
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return std::make_tuple(-a.area, -(a.end - a.begin), a.begin) <
-           std::make_tuple(-b.area, -(b.end - b.begin), b.begin);
+    if (a.area != b.area) return a.area > b.area;
+    if (a.end - a.begin != b.end - b.begin) return a.end - a.begin > b.end - b.begin;
+    return a.begin < b.begin;
   });
   return items;
 }
@@ -120,7 +126,8 @@ class RankTree {
     for (Order& o : orders_) o.min_leaf_room = std::max<int64_t>(1, o.min_leaf_room);
     n_ = 1;
     while (n_ < cap->size()) n_ *= 2;
-    nodes_.assign(2 * n_, Node{});
+    for (std::vector<Key>& m : min_) m.assign(2 * n_, kNone);
+    room_.assign(2 * n_, 0);
     for (size_t r = 0; r < cap->size(); ++r) SetLeaf(r);
     for (size_t i = n_ - 1; i >= 1; --i) Pull(i);
   }
@@ -145,51 +152,44 @@ class RankTree {
  private:
   using Key = std::pair<int64_t, int32_t>;
   static constexpr Key kNone = {INT64_MAX, INT32_MAX};
-  struct Node {
-    std::array<Key, kKeys> min{kNone, kNone, kNone, kNone};
-    int64_t room = 0;
-  };
   // Keeps in best[0, *found) (ascending, at most `limit`) the least leaf
   // keys with room >= min_room; a subtree whose minimum cannot enter the
   // list, or without a leaf with enough room, is skipped.
   void Search(size_t i, int order, int64_t min_room, int limit, Key* best, int* found) const {
-    const Node& n = nodes_[i];
-    if (n.room < min_room || n.min[order] == kNone) return;
-    if (*found == limit && !(n.min[order] < best[limit - 1])) return;
+    const std::vector<Key>& mins = min_[order];
+    if (room_[i] < min_room || mins[i] == kNone) return;
+    if (*found == limit && !(mins[i] < best[limit - 1])) return;
     if (i >= n_) {
       int k = *found < limit ? (*found)++ : limit - 1;
-      for (; k > 0 && n.min[order] < best[k - 1]; --k) best[k] = best[k - 1];
-      best[k] = n.min[order];
+      for (; k > 0 && mins[i] < best[k - 1]; --k) best[k] = best[k - 1];
+      best[k] = mins[i];
       return;
     }
     size_t a = 2 * i, b = 2 * i + 1;
-    if (nodes_[b].min[order] < nodes_[a].min[order]) std::swap(a, b);
+    if (mins[b] < mins[a]) std::swap(a, b);
     Search(a, order, min_room, limit, best, found);
     Search(b, order, min_room, limit, best, found);
   }
   size_t SetLeaf(size_t r) {
     const size_t i = n_ + r;
     const int64_t room = (*cap_)[r];
-    Node& n = nodes_[i];
     for (int k = 0; k < kKeys; ++k) {
-      n.min[k] = room >= orders_[k].min_leaf_room
-                     ? std::make_pair((*orders_[k].keys)[r], static_cast<int32_t>(r))
-                     : kNone;
+      min_[k][i] = room >= orders_[k].min_leaf_room
+                       ? std::make_pair((*orders_[k].keys)[r], static_cast<int32_t>(r))
+                       : kNone;
     }
-    n.room = room;
+    room_[i] = room;
     return i;
   }
   void Pull(size_t i) {
-    Node& n = nodes_[i];
-    const Node& a = nodes_[2 * i];
-    const Node& b = nodes_[2 * i + 1];
-    for (int k = 0; k < kKeys; ++k) n.min[k] = std::min(a.min[k], b.min[k]);
-    n.room = std::max(a.room, b.room);
+    for (std::vector<Key>& m : min_) m[i] = std::min(m[2 * i], m[2 * i + 1]);
+    room_[i] = std::max(room_[2 * i], room_[2 * i + 1]);
   }
   std::array<Order, kKeys> orders_;
   const std::vector<int64_t>* cap_;
   size_t n_ = 1;
-  std::vector<Node> nodes_;
+  std::array<std::vector<Key>, kKeys> min_;  // per order, per node
+  std::vector<int64_t> room_;                // per node: the largest room below
 };
 
 // Places `items` in order (see the header). Every rank ends with exactly its
@@ -380,25 +380,24 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
   for (int level = 0; level <= 5 && levels_after_good < 1; ++level) {
     const int64_t piece = quota >> level;
     if (level > 0 && piece < 16) break;
-    const std::vector<Item> items = MakeItems(slices, units, piece);
+    std::vector<Item> items = MakeItems(slices, units, piece);
     if (levels_after_good == 0 && items.size() > kExtraLevelMaxItems) break;
     if (cannot_balance(items)) {
       skipped.push_back(piece);
       continue;
     }
-    place_all(items, kSlacks);
+    place_all(Lpt(std::move(items)), kSlacks);
     if (levels_after_good >= 0 || best.imbalance <= kBalancedImbalanceGoal) ++levels_after_good;
   }
   if (best.imbalance < 0 || best.imbalance > kBalancedImbalanceGoal) {
     for (int64_t piece : skipped) {
-      const std::vector<Item> items = MakeItems(slices, units, piece);
-      place_all(items, kSlacks);
+      place_all(Lpt(MakeItems(slices, units, piece)), kSlacks);
     }
   }
   // Nothing balanced yet: finer pieces, down to 16 tokens.
   for (int64_t piece = quota >> 6; best.imbalance > kBalancedImbalanceGoal && piece >= 16;
        piece /= 2) {
-    consider(Place(slices, units, MakeItems(slices, units, piece), total, ranks, 0.04));
+    consider(Place(slices, units, Lpt(MakeItems(slices, units, piece)), total, ranks, 0.04));
   }
   for (auto& r : best.ranges) r = Normalize(std::move(r));
   return std::move(best.ranges);
