@@ -85,11 +85,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         });
   }
 
-  const uint32_t uid = options.allowed_uid >= 0 ? options.allowed_uid : getuid();
-  auto sessions = shm::SessionSocket::Start(d->session_socket_path(), &d->state_->sessions, uid);
-  if (!sessions.ok()) return sessions.status();
-  d->session_socket_ = std::move(sessions).value();
-
   d->attention_ = std::make_unique<AttentionService>(d->state_.get());
   d->regions_ = std::make_unique<RegionsService>(d->state_.get());
   d->cluster_ = std::make_unique<ClusterService>(d->state_.get());
@@ -148,6 +143,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     });
   }
   d->SetServing(true);
+  // The session socket last: a client that reaches it (the Python client's
+  // LocalDaemon waits for it) finds the gRPC services up and serving.
+  const uint32_t uid = options.allowed_uid >= 0 ? options.allowed_uid : getuid();
+  auto sessions = shm::SessionSocket::Start(d->session_socket_path(), &d->state_->sessions, uid);
+  if (!sessions.ok()) return sessions.status();
+  d->session_socket_ = std::move(sessions).value();
   HSAP_LOG(INFO) << "hsapd serving on unix:" << options.socket_path << " (sessions: "
                  << d->session_socket_path() << ")"
                  << (options.tcp_port > 0

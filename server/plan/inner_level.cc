@@ -97,6 +97,9 @@ bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
   return true;
 }
 
+// Work items a thread keeps in its scratch between virtual ranks (3.5 MB).
+constexpr size_t kKeptScratchItems = size_t{1} << 16;
+
 }  // namespace
 
 absl::StatusOr<InnerPacking> PackInnerLevel(const SliceIndex& index,
@@ -412,6 +415,12 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
       const size_t o = static_cast<size_t>(st) * 2;
       stage.overlap_items = SharedList<WorkItem>::View(items, first[o], first[o + 1] - first[o]);
       stage.items = SharedList<WorkItem>::View(items, first[o + 1], first[o + 2] - first[o + 1]);
+    }
+    // The scratch outlives the compilation (pool threads live on): a large
+    // one (one virtual rank holds every item under ulysses) is released.
+    if (emitted.capacity() > kKeptScratchItems) {
+      std::vector<WorkItem>().swap(emitted);
+      std::vector<uint32_t>().swap(list_of);
     }
   });
   return out;
