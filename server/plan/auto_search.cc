@@ -3,6 +3,7 @@
 // "Strategies").
 #include <algorithm>
 #include <array>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -41,6 +42,9 @@ struct BoundInputs {
   std::vector<int64_t> tokens;       // per rank
   std::vector<int64_t> area;         // per rank: mask area of its own rows
   std::vector<OwnerSegment> owners;  // BuildOwnerMap(dispatch)
+  // Per head group size U, per group: the area of its rows against its own
+  // keys (the overlap items'); strategies with the same U share it.
+  std::map<int32_t, std::vector<int64_t>> own_area;
 };
 
 int64_t RowsArea(const SliceIndex& index, int64_t begin, int64_t end) {
@@ -87,17 +91,7 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
     group_tokens[r / U] += in.tokens[r];
     group_area[r / U] += in.area[r];
   }
-  // Per group: the area of its rows against its own keys (the overlap
-  // items'), over the pool.
-  std::vector<int64_t> own_area(V, 0);
-  ForEachIndex(pool, V, [&](int64_t v) {
-    std::vector<TokenRange> runs;
-    for (int32_t m = static_cast<int32_t>(v) * U; m < (v + 1) * U; ++m) {
-      runs.insert(runs.end(), dispatch.ranges[m].begin(), dispatch.ranges[m].end());
-    }
-    runs = Normalize(std::move(runs));
-    own_area[v] = OwnArea(index, runs);
-  });
+  const std::vector<int64_t>& own_area = in.own_area.at(U);
   std::vector<HeadSlot> slots(U);
   for (int32_t u = 0; u < U; ++u) slots[u] = HeadSlotOf(spec.shape, U, u);
   // Per rank and tier: K/V bytes sent and received (forward; the backward
@@ -396,6 +390,19 @@ absl::StatusOr<Plan> CompileAuto(const PlanSpec& spec, const std::vector<MaskSli
   for (int32_t r = 0; r < P; ++r) {
     in.tokens[r] = dispatch.TokensOf(r);
     for (const TokenRange& t : dispatch.ranges[r]) in.area[r] += RowsArea(index, t.begin, t.end);
+  }
+  for (Strategy s : kOrder) {
+    const int32_t U = HeadGroupSize(s, spec.topology);
+    if (in.own_area.count(U) > 0) continue;
+    std::vector<int64_t>& own = in.own_area[U];
+    own.assign(P / U, 0);
+    ForEachIndex(pool, P / U, [&](int64_t v) {
+      std::vector<TokenRange> runs;
+      for (int32_t m = static_cast<int32_t>(v) * U; m < (v + 1) * U; ++m) {
+        runs.insert(runs.end(), dispatch.ranges[m].begin(), dispatch.ranges[m].end());
+      }
+      own[v] = OwnArea(index, Normalize(std::move(runs)));
+    });
   }
   std::vector<StrategyCost> candidates(kNum);
   for (int i = 0; i < kNum; ++i) {
