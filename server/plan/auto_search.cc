@@ -106,8 +106,7 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
   for (int32_t u = 0; u < U; ++u) {
     if (slots[u].num_q() > 0) kappa[u] = KvRowBytes(spec.shape, slots[u].num_kv());
   }
-  std::vector<int32_t> node_of(P);
-  for (int32_t r = 0; r < P; ++r) node_of[r] = topo.NodeOf(r);
+  const std::vector<int32_t> node_of = RankNodes(topo);
   auto tier = [&](int32_t a, int32_t b) { return node_of[a] == node_of[b] ? 0 : 1; };
   if (strategy == Strategy::kSap || strategy == Strategy::kHsap) {
     // Groups align with nodes (U is 1 or the devices of a node), so every
@@ -204,13 +203,13 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
       std::fill(node_tokens.begin(), node_tokens.end(), 0);
       std::fill(node_groups.begin(), node_groups.end(), 0);
       for (int32_t w = 0; w < V; ++w) {
-        node_tokens[topo.NodeOf(w * U + u)] += group_tokens[w];
-        ++node_groups[topo.NodeOf(w * U + u)];
+        node_tokens[node_of[w * U + u]] += group_tokens[w];
+        ++node_groups[node_of[w * U + u]];
       }
       constexpr int kIntra = static_cast<int>(LinkTier::kIntraNode);
       constexpr int kInter = static_cast<int>(LinkTier::kInterNode);
       for (int32_t v = 0; v < V; ++v) {
-        const int32_t d = v * U + u, n = topo.NodeOf(d);
+        const int32_t d = v * U + u, n = node_of[d];
         const int64_t near = node_tokens[n] - group_tokens[v];
         kv_recv[d][kIntra] += near * kappa[u];
         kv_recv[d][kInter] += (all_tokens - node_tokens[n]) * kappa[u];
@@ -299,8 +298,7 @@ double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
     if (in.slots[u].num_q() > 0) kappa[u] = KvRowBytes(spec.shape, in.slots[u].num_kv());
   }
   using Tiers = std::array<int64_t, kNumTiers>;
-  std::vector<int32_t> node_of(P);
-  for (int32_t r = 0; r < P; ++r) node_of[r] = topo.NodeOf(r);
+  const std::vector<int32_t> node_of = RankNodes(topo);
   std::vector<Tiers> send(static_cast<size_t>(P) * S, Tiers{}), recv(send.size(), Tiers{});
   for (int32_t v = 0; v < in.V; ++v) {
     for (const Arrival& a : packing.arrivals[v]) {
@@ -327,7 +325,7 @@ double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
       for (int32_t m = g0; m < g0 + U; ++m) {
         if (m == d) continue;
         const HeadSlot& theirs = in.slots[m - g0];
-        const int t = static_cast<int>(TierOf(topo, d, m));
+        const int t = node_of[d] == node_of[m] ? 0 : 1;
         const HeadSlot& send_heads = to_home ? theirs : mine;
         const int64_t send_rows = to_home ? tokens[d] : tokens[m];
         if (send_heads.num_q() > 0 && send_rows > 0) {

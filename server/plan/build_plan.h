@@ -21,7 +21,8 @@ namespace hsap::plan::internal {
 // Per-row bytes of the head all-to-all payloads for a slot.
 int64_t HeadRowBytes(Payload p, const HeadShape& shape, const HeadSlot& slot);
 
-LinkTier TierOf(const Topology& t, int32_t a, int32_t b);
+// The node of every rank (a table: link tiers are looked up per transfer).
+std::vector<int32_t> RankNodes(const Topology& t);
 
 // What the inner level of a strategy starts from: the ranks' runs at their
 // local rows, the virtual ranks' runs at their home rows, the owner map, the

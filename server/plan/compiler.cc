@@ -29,8 +29,10 @@ int64_t HeadRowBytes(Payload p, const HeadShape& shape, const HeadSlot& slot) {
   }
 }
 
-LinkTier TierOf(const Topology& t, int32_t a, int32_t b) {
-  return t.NodeOf(a) == t.NodeOf(b) ? LinkTier::kIntraNode : LinkTier::kInterNode;
+std::vector<int32_t> RankNodes(const Topology& t) {
+  std::vector<int32_t> nodes(t.num_ranks());
+  for (int32_t r = 0; r < t.num_ranks(); ++r) nodes[r] = t.NodeOf(r);
+  return nodes;
 }
 
 }  // namespace internal
@@ -41,7 +43,6 @@ using internal::ForEachIndex;
 using internal::HeadRowBytes;
 using internal::InnerKind;
 using internal::InnerRank;
-using internal::TierOf;
 
 void SetHeads(const HeadSlot& s, Transfer* t) {
   t->q_head_begin = s.q_begin;
@@ -373,7 +374,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
   const int32_t P = topo.num_ranks();
   LevelInputs in = packed != nullptr ? std::move(packed->inputs)
                                      : MakeLevelInputs(spec, dispatch, strategy);
-  const int32_t U = in.U, V = in.V;
+  const int32_t U = in.U;
   const std::vector<std::vector<OwnerSegment>>& local = in.local;
   const std::vector<std::vector<OwnerSegment>>& home = in.home;
   const std::vector<int64_t>& home_offset = in.home_offset;
@@ -388,8 +389,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
   const size_t inner_stages = inner[0].stages.size();
   const int64_t kappa_full = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
   std::vector<RankModel> models(P);
-  std::vector<int32_t> node_of(P);
-  for (int32_t r = 0; r < P; ++r) node_of[r] = topo.NodeOf(r);
+  const std::vector<int32_t> node_of = internal::RankNodes(topo);
 
   Plan plan;
   plan.spec = spec;
