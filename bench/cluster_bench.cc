@@ -30,7 +30,7 @@ ABSL_FLAG(int, reps, 3, "repetitions per (pack, strategy); the median is reporte
 ABSL_FLAG(int, heads, 8, "query heads");
 ABSL_FLAG(int, kv_heads, 8, "key/value heads");
 ABSL_FLAG(int, head_dim, 64, "head dimension");
-ABSL_FLAG(std::string, workload, "", "document lengths (default ../shared/workloads/python-stdlib.tokens)");
+ABSL_FLAG(std::string, workload, "", "document lengths (default workloads/python-stdlib.tokens of the repository)");
 ABSL_FLAG(std::string, ucx_transports, "tcp", "UCX transports between the daemons");
 
 namespace {

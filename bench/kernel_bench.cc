@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "common/workload.h"
 #include "hwy/aligned_allocator.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/thread_pool.h"
@@ -256,7 +257,7 @@ std::vector<int64_t> PackCuSeqlens(const std::string& path, int64_t tokens, uint
 }
 
 struct Options {
-  std::string workload = "/work/shared/workloads/python-stdlib.tokens";
+  std::string workload = FindWorkload();
   int64_t tokens = 16384;
   int threads = 2;
   int reps = 3;

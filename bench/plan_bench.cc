@@ -1,5 +1,5 @@
 // Plan compiler benchmark over a real document-length distribution
-// (/work/shared/workloads, README there): documents are shuffled with a
+// (workloads/ of the repository, README there): documents are shuffled with a
 // fixed seed, concatenated and cut into packs of T tokens (documents that
 // cross a cut continue in the next pack; the incomplete tail is dropped).
 // For every (T, P, strategy, assignment) it compiles every pack and prints
@@ -8,7 +8,7 @@
 // median of --repeats compiles; mean and max over packs) and cache-hit time
 // (median of batches), then checks the targets of the planner issue.
 //
-//   bazel run //bench:plan_bench -- --workload=../shared/workloads/python-stdlib.tokens
+//   bazel run //bench:plan_bench -- --workload=$PWD/workloads/python-stdlib.tokens
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,12 +26,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/thread_pool.h"
+#include "common/workload.h"
 #include "server/plan/compiler.h"
 #include "server/plan/plan_cache.h"
 
-ABSL_FLAG(std::string, workload, "../shared/workloads/python-stdlib.tokens",
+ABSL_FLAG(std::string, workload, "",
           "document lengths, one per line; relative paths are tried from the working "
-          "directory, then from the workspace (bazel run)");
+          "directory, then from the workspace (bazel run); empty: the repository's "
+          "workloads/python-stdlib.tokens");
 ABSL_FLAG(std::string, tokens, "65536,1048576", "pack sizes T");
 ABSL_FLAG(std::string, ranks, "8,64,512", "sequence-parallel degrees P (8 devices per node)");
 ABSL_FLAG(std::string, strategies, "ring,allgather,ulysses,usp,sap,hsap,auto", "strategies");
@@ -69,6 +71,7 @@ std::vector<int64_t> ParseList(const std::string& s) {
 }
 
 bool ReadLengths(const std::string& flag_path, std::vector<int64_t>* lengths, std::string* used) {
+  if (flag_path.empty()) return ReadLengths(hsap::FindWorkload(), lengths, used);
   std::vector<std::string> candidates = {flag_path};
   if (const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY"); ws && flag_path[0] != '/') {
     candidates.push_back(absl::StrCat(ws, "/", flag_path));

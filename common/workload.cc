@@ -61,23 +61,34 @@ std::vector<std::vector<int64_t>> PackDocuments(const std::vector<int64_t>& leng
 std::string FindWorkload(const std::string& file_name) {
   std::vector<std::string> candidates;
   if (const char* env = getenv("HSAP_WORKLOADS")) candidates.push_back(absl::StrCat(env, "/", file_name));
+  // Under `bazel test` / `bazel run`: the runfiles tree of a target that
+  // depends on //workloads.
+  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
+    if (const char* root = getenv(var)) {
+      candidates.push_back(absl::StrCat(root, "/hsap/workloads/", file_name));
+    }
+  }
+  // Next to a binary built by Bazel (bazel-bin/x/y.runfiles/hsap/workloads).
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    candidates.push_back(absl::StrCat(exe, ".runfiles/hsap/workloads/", file_name));
+  }
+  // `bazel run` sets the workspace; otherwise the repository root is the
+  // working directory or one of the folders above it.
+  if (const char* root = getenv("BUILD_WORKSPACE_DIRECTORY")) {
+    candidates.push_back(absl::StrCat(root, "/workloads/", file_name));
+  }
   std::string up = "";
   for (int i = 0; i < 8; ++i) {
-    candidates.push_back(absl::StrCat(up, "../shared/workloads/", file_name));
-    candidates.push_back(absl::StrCat(up, "shared/workloads/", file_name));
+    candidates.push_back(absl::StrCat(up, "workloads/", file_name));
     up += "../";
-  }
-  // Bazel runs tests inside the execroot; the workspace is the readlink of
-  // the source tree, found through BUILD_WORKSPACE_DIRECTORY or TEST_SRCDIR.
-  for (const char* var : {"BUILD_WORKSPACE_DIRECTORY", "HSAP_REPO_ROOT"}) {
-    if (const char* root = getenv(var)) {
-      candidates.push_back(absl::StrCat(root, "/../shared/workloads/", file_name));
-    }
   }
   for (const std::string& c : candidates) {
     if (access(c.c_str(), R_OK) == 0) return c;
   }
-  return absl::StrCat("../shared/workloads/", file_name);
+  return absl::StrCat("workloads/", file_name);
 }
 
 }  // namespace hsap

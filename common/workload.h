@@ -1,4 +1,4 @@
-// Real document-length workloads (../shared/workloads/*.tokens: one length
+// Real document-length workloads (workloads/*.tokens in the repository: one length
 // per line) and the pretraining way of packing them: shuffle with a fixed
 // seed, concatenate, cut into sequences of T tokens (a document that crosses
 // a cut continues in the next sequence).
@@ -24,9 +24,11 @@ std::vector<std::vector<int64_t>> PackDocuments(const std::vector<int64_t>& leng
                                                 int64_t tokens_per_pack, int num_packs,
                                                 uint64_t seed);
 
-// The default workload path relative to the repository root, and a lookup
-// that also tries the folders above the working directory and
-// $HSAP_WORKLOADS (so tests under Bazel's runfiles find it).
+// The path of workload `file_name`: $HSAP_WORKLOADS/<file>, else the runfiles
+// of a Bazel target that depends on //workloads (TEST_SRCDIR, RUNFILES_DIR,
+// or <binary>.runfiles), else workloads/<file> under $BUILD_WORKSPACE_DIRECTORY,
+// the working directory or a folder above it. Returns "workloads/<file>"
+// when none exists (the caller's read then names it).
 std::string FindWorkload(const std::string& file_name = "python-stdlib.tokens");
 
 }  // namespace hsap

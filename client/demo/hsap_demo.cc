@@ -19,7 +19,7 @@
 
 ABSL_FLAG(std::string, socket, "/run/hsap/hsapd.sock", "hsapd's gRPC Unix socket");
 ABSL_FLAG(std::string, workload, "", "document lengths, one per line (default: "
-                                     "../shared/workloads/python-stdlib.tokens)");
+                                     "workloads/python-stdlib.tokens of the repository)");
 ABSL_FLAG(int64_t, tokens, 4096, "tokens in the packed sequence");
 ABSL_FLAG(int, heads, 8, "query heads");
 ABSL_FLAG(int, kv_heads, 2, "key/value heads (GQA)");

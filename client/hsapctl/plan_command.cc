@@ -21,7 +21,7 @@ ABSL_FLAG(std::string, cu_seqlens_file, "",
           "file of document boundaries [0, l1, l1+l2, ..., T], separated by commas or newlines");
 ABSL_FLAG(std::string, cu_seqlens, "", "document boundaries inline, e.g. 0,100,250");
 ABSL_FLAG(std::string, lengths_file, "",
-          "file of document lengths, one per line (as /work/shared/workloads/*.tokens); "
+          "file of document lengths, one per line (as workloads/*.tokens of the repository); "
           "alternative to --cu_seqlens_file");
 ABSL_FLAG(int64_t, total_tokens, -1, "tokens T; default: the last boundary");
 ABSL_FLAG(bool, causal, true, "documents attend causally (false: bidirectionally)");

@@ -31,7 +31,7 @@ TOKENS=${TOKENS:-16384}
 HEADS=${HEADS:-16}
 HEAD_DIM=${HEAD_DIM:-128}
 REPS=${REPS:-20}
-WORKLOAD=${WORKLOAD:-$ROOT/tests/gpu/testdata/python-stdlib.tokens}
+WORKLOAD=${WORKLOAD:-$ROOT/workloads/python-stdlib.tokens}
 PYTHON=${PYTHON:-python3}
 
 note() { echo "[device_check +$(( $(date +%s) - START ))s] $*"; }
