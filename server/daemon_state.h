@@ -4,17 +4,18 @@
 #ifndef HSAP_SERVER_DAEMON_STATE_H_
 #define HSAP_SERVER_DAEMON_STATE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/thread_pool.h"
 #include "server/exec/call_gate.h"
 #include "server/metrics/hsap_metrics.h"
 #include "server/metrics/registry.h"
 #include "server/exec/call_matcher.h"
 #include "server/exec/call_runner.h"
+#include "server/exec/device_slots.h"
 #include "server/plan/plan_cache.h"
 #include "server/grpc/attention_validation.h"
 #include "server/shm/region_registry.h"
@@ -35,7 +36,8 @@ struct DaemonState {
         device_names(devices),
         regions(region_limits),
         sessions(&regions),
-        pool(cpu_threads),
+        slots(exec::DeviceSlots::Cpu(static_cast<int>(devices.size()),
+                                     cpu_threads / std::max<int>(1, devices.size()))),
         plans(plan::PlanCacheOptions{.compile_threads = plan_compile_threads}),
         matcher(CallResources(runner_options)),
         runner(runner_options) {}
@@ -43,7 +45,8 @@ struct DaemonState {
   shm::RegionRegistry regions;
   shm::SessionManager sessions;
   CallGate gate;
-  kernels::cpu::ThreadPool pool;
+  // One compute backend per device slot; cpu_threads are split among them.
+  std::unique_ptr<exec::DeviceSlots> slots;
   ValidationLimits limits;
   // The token TCP calls must carry (--token_file); empty: TCP is open.
   // Set before the gRPC server starts, read-only afterwards.

@@ -29,7 +29,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], copts = [
         obj = name + "_" + src.replace("/", "_").replace(".cu", ".o")
         native.genrule(
             name = obj + "_nvcc",
-            srcs = [src] + hdrs + ["//common:headers"],
+            srcs = [src] + hdrs + ["//common:headers", "//kernels:headers"],
             outs = [obj],
             # A private TMPDIR per action: in Bazel's sandboxes every nvcc runs
             # as pid 2, so concurrent ones would share /tmp/tmpxft_00000002-*.

@@ -27,38 +27,17 @@
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/mask.h"
+#include "kernels/attention_params.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace hsap::kernels::cpu {
 
-// What every tensor of one call shares.
-struct AttentionShape {
-  int num_heads_q = 0;   // Hq
-  int num_heads_kv = 0;  // Hkv; Hq % Hkv == 0
-  int head_dim = 0;      // D, 32..256
-  DType dtype = DType::kFloat32;  // storage type of Q, K, V, O, dO, dQ, dK, dV
-  float softmax_scale = 0.f;      // usually 1/sqrt(D)
-};
-
-// One forward work item. Pointers address the first row of each range; row
-// strides are in elements and default (0) to H * D of that tensor.
-struct FwdWorkItem {
-  const void* q = nullptr;  // [num_q, Hq, D] dtype
-  const void* k = nullptr;  // [num_k, Hkv, D] dtype
-  const void* v = nullptr;  // [num_k, Hkv, D] dtype
-  int64_t num_q = 0;
-  int64_t num_k = 0;
-  int64_t q_row_stride = 0;
-  int64_t kv_row_stride = 0;
-  MaskType type = MaskType::kFull;
-  int64_t offset = 0;   // CAUSAL diagonal offset (common/mask.h)
-  int64_t window = -1;  // CAUSAL window, < 0 for none
-  // Accumulators, merged into (not overwritten). Start them at O = 0,
-  // LSE = -inf. o_acc holds the *normalised* partial output.
-  float* o_acc = nullptr;    // [num_q, Hq, D] fp32, row stride Hq * D
-  float* lse_acc = nullptr;  // [Hq, lse_stride] fp32, column 0 = first row
-  int64_t lse_stride = 0;
-};
+// The kernels' contract (kernels/attention_params.h), shared with the CUDA
+// backend. Here: any head dim the entry points accept, storage fp32, bf16 or
+// fp16.
+using ::hsap::kernels::AttentionShape;
+using ::hsap::kernels::BwdWorkItem;
+using ::hsap::kernels::FwdWorkItem;
 
 // Runs `items` in parallel on `pool` (nullptr: calling thread only). Items
 // may write the same accumulator rows; the result then equals merging them
@@ -66,27 +45,6 @@ struct FwdWorkItem {
 // matrix: online softmax over key blocks (FlashAttention-2).
 // REQUIRES: shape validated; every item's ranges inside its buffers.
 void Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, ThreadPool* pool);
-
-// One backward work item: adds this slice's contributions to dQ, dK, dV.
-struct BwdWorkItem {
-  const void* q = nullptr;     // [num_q, Hq, D] dtype
-  const void* k = nullptr;     // [num_k, Hkv, D] dtype
-  const void* v = nullptr;     // [num_k, Hkv, D] dtype
-  const void* dout = nullptr;  // [num_q, Hq, D] dtype
-  const float* lse = nullptr;    // [Hq, lse_stride], the final forward LSE of these rows
-  const float* delta = nullptr;  // [Hq, lse_stride], rowsum(dO * O) (ComputeDelta)
-  int64_t lse_stride = 0;
-  int64_t num_q = 0;
-  int64_t num_k = 0;
-  int64_t q_row_stride = 0;   // for q and dout
-  int64_t kv_row_stride = 0;  // for k and v
-  MaskType type = MaskType::kFull;
-  int64_t offset = 0;
-  int64_t window = -1;
-  float* dq_acc = nullptr;  // [num_q, Hq, D] fp32, +=
-  float* dk_acc = nullptr;  // [num_k, Hkv, D] fp32, +=
-  float* dv_acc = nullptr;  // [num_k, Hkv, D] fp32, +=
-};
 
 // Runs `items` on `pool`. Items may share dq/dk/dv rows; updates to shared
 // rows are not racy and the sum equals the serial sum up to fp32 rounding.

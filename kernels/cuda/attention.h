@@ -35,6 +35,7 @@
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/mask.h"
+#include "kernels/attention_params.h"
 
 // cudaStream_t without <cuda_runtime.h>, so CPU-only code can hold one.
 struct CUstream_st;
@@ -43,35 +44,13 @@ namespace hsap::kernels::cuda {
 
 using CudaStream = CUstream_st*;  // == cudaStream_t; nullptr is the legacy default stream
 
-// What every tensor of one call shares (as kernels/cpu AttentionShape).
-struct AttentionShape {
-  int num_heads_q = 0;   // Hq
-  int num_heads_kv = 0;  // Hkv; Hq % Hkv == 0
-  int head_dim = 0;      // D: 64, 128 or 256
-  DType dtype = DType::kBFloat16;  // storage of Q, K, V, dO: bf16 or fp16
-  float softmax_scale = 0.f;       // usually 1/sqrt(D)
-};
-
-// One forward work item; all pointers are device pointers. Row strides are
-// in elements and default (0) to H * D of that tensor; they must keep every
-// row 16-byte aligned (multiples of 8 elements).
-struct FwdWorkItem {
-  const void* q = nullptr;  // [num_q, Hq, D] dtype
-  const void* k = nullptr;  // [num_k, Hkv, D] dtype
-  const void* v = nullptr;  // [num_k, Hkv, D] dtype
-  int64_t num_q = 0;
-  int64_t num_k = 0;
-  int64_t q_row_stride = 0;
-  int64_t kv_row_stride = 0;
-  MaskType type = MaskType::kFull;
-  int64_t offset = 0;   // CAUSAL diagonal offset (common/mask.h)
-  int64_t window = -1;  // CAUSAL window, < 0 for none
-  // Accumulators, merged into (not overwritten); start them at O = 0,
-  // LSE = -inf. o_acc holds the *normalised* partial output.
-  float* o_acc = nullptr;    // [num_q, Hq, D] fp32, row stride Hq * D
-  float* lse_acc = nullptr;  // [Hq, lse_stride] fp32, column 0 = first row
-  int64_t lse_stride = 0;
-};
+// The kernels' contract (kernels/attention_params.h), shared with the CPU
+// backend. Here: storage bf16 or fp16, head_dim 64, 128 or 256; row strides
+// must keep every row 16-byte aligned (multiples of 8 elements); all
+// pointers are device pointers.
+using ::hsap::kernels::AttentionShape;
+using ::hsap::kernels::BwdWorkItem;
+using ::hsap::kernels::FwdWorkItem;
 
 // Queues `items` on `stream`. Items may merge into the same accumulator rows:
 // items whose o_acc row ranges or LSE column ranges overlap run in separate,
@@ -81,27 +60,6 @@ struct FwdWorkItem {
 // convention); every range inside its buffer.
 [[nodiscard]] absl::Status Forward(const AttentionShape& shape,
                                    absl::Span<const FwdWorkItem> items, CudaStream stream);
-
-// One backward work item: adds this slice's contributions to dQ, dK, dV.
-struct BwdWorkItem {
-  const void* q = nullptr;       // [num_q, Hq, D] dtype
-  const void* k = nullptr;       // [num_k, Hkv, D] dtype
-  const void* v = nullptr;       // [num_k, Hkv, D] dtype
-  const void* dout = nullptr;    // [num_q, Hq, D] dtype
-  const float* lse = nullptr;    // [Hq, lse_stride], the final forward LSE of these rows
-  const float* delta = nullptr;  // [Hq, lse_stride], rowsum(dO * O) (ComputeDelta)
-  int64_t lse_stride = 0;
-  int64_t num_q = 0;
-  int64_t num_k = 0;
-  int64_t q_row_stride = 0;   // for q and dout
-  int64_t kv_row_stride = 0;  // for k and v
-  MaskType type = MaskType::kFull;
-  int64_t offset = 0;
-  int64_t window = -1;
-  float* dq_acc = nullptr;  // [num_q, Hq, D] fp32, += (atomicAdd)
-  float* dk_acc = nullptr;  // [num_k, Hkv, D] fp32, += (atomicAdd)
-  float* dv_acc = nullptr;  // [num_k, Hkv, D] fp32, += (atomicAdd)
-};
 
 // Queues `items` on `stream` in one launch. Items may share dq/dk/dv rows
 // (all updates are fp32 atomic adds, so the sum is the serial sum up to fp32

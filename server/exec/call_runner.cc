@@ -113,7 +113,7 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
 
 absl::Status RunCall(const AttentionCall& call, const CallRunnerOptions& options,
                      plan::PlanCache* plans, CallMatcher* matcher, ActiveCalls* active,
-                     kernels::cpu::ThreadPool* pool, CallOutcome* outcome) {
+                     exec::DeviceSlots* slots, CallOutcome* outcome) {
   auto topology = GroupTopology(call.group_size, options.num_nodes, options.devices_per_node);
   if (!topology.ok()) return topology.status();
   const bool multi_node = topology->num_nodes > 1;
@@ -180,11 +180,13 @@ absl::Status RunCall(const AttentionCall& call, const CallRunnerOptions& options
   // Transports are fresh per call, so the call tag only has to keep stages
   // apart; the low 40 bits of call_seq keep it in ExchangeTag's range.
   const uint64_t tag = call.call_seq & ((uint64_t{1} << 40) - 1);
+  exec::DeviceSlots::Lease lease = slots->Acquire(call.rank - first, local);
+  outcome->slot = lease.slot();
   absl::Status st = call.backward
-                        ? exec::RunBackward(**plan, call.rank, call.shape, b, t, pool, deadline,
-                                            tag, &outcome->exec)
-                        : exec::RunForward(**plan, call.rank, call.shape, b, t, pool, deadline,
-                                           tag, &outcome->exec);
+                        ? exec::RunBackward(**plan, call.rank, call.shape, b, t, lease.backend(),
+                                            deadline, tag, &outcome->exec)
+                        : exec::RunForward(**plan, call.rank, call.shape, b, t, lease.backend(),
+                                           deadline, tag, &outcome->exec);
   if (!st.ok()) {
     // Take the call down everywhere at once rather than at the deadline.
     resources->Abort(st);

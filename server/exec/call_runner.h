@@ -20,10 +20,10 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "kernels/cpu/thread_pool.h"
 #include "server/cluster/cluster.h"
 #include "server/exec/attention_call.h"
 #include "server/exec/call_matcher.h"
+#include "server/exec/device_slots.h"
 #include "server/exec/executor.h"
 #include "server/plan/plan_cache.h"
 #include "server/transport/ucx_worker.h"
@@ -47,6 +47,7 @@ struct CallOutcome {
   int strategy = 0;  // plan::Strategy that ran (hsap.v1.Strategy number)
   bool plan_cache_hit = false;
   exec::ExecStats exec;
+  int slot = 0;  // the device slot the rank ran on
   double wait_seconds = 0;  // until the group was complete (and agreed)
 };
 
@@ -75,7 +76,7 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options);
 // transport's (ABORTED, UNAVAILABLE, DEADLINE_EXCEEDED).
 absl::Status RunCall(const AttentionCall& call, const CallRunnerOptions& options,
                      plan::PlanCache* plans, CallMatcher* matcher, ActiveCalls* active,
-                     kernels::cpu::ThreadPool* pool, CallOutcome* outcome);
+                     exec::DeviceSlots* slots, CallOutcome* outcome);
 
 }  // namespace hsap
 

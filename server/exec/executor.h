@@ -1,8 +1,11 @@
 // The executor: interprets one rank's part of a compiled plan (plan.h) on
-// bound buffers, with a transport and the CPU kernels (DESIGN.md §6). It
-// knows nothing of documents: only rows, heads, transfers and work items.
+// bound buffers, with a transport and a compute backend (DESIGN.md §6). It
+// knows nothing of documents — only rows, heads, transfers and work items —
+// and nothing of devices: memory, copies and kernels are the backend's
+// (compute_backend.h), sizes and checks the layout's (rank_layout.h), the
+// row format of every transfer the wire layout's (plan/wire_layout.h).
 //
-// Per stage (plan.h): gather the send rows into a contiguous staging buffer,
+// Per stage (plan.h): pack the send rows into a contiguous staging buffer,
 // Start the grouped exchange (sends and receives in plan order), run the
 // stage's overlap_items while the bytes travel, Wait (with the deadline),
 // land the received rows, run the items. Backward stages then return the
@@ -11,7 +14,7 @@
 // outputs merge with log-sum-exp into fp32 accumulators (the kernels'
 // Forward does it per item); gradients accumulate in fp32; outputs are cast
 // to the storage dtype once at the end (under head parallelism the head
-// gather carries O, dQ, dK, dV in the storage dtype, as the plan counts).
+// gather carries O, dQ, dK, dV as the wire layout says).
 //
 // Head parallelism (ulysses, usp, hsap): the first stage scatters Q/K/V (or
 // Q, K, V, O, dO, LSE) to the home rows of each rank's head slot, the last
@@ -23,25 +26,27 @@
 // Buffers: the K/V receive buffer (and, backward, the returned dK/dV
 // buffer) is sized by the plan (largest stage, within spec.recv_buffer_bytes),
 // allocated once per call and reused across stages; staging for sends and
-// for head payloads likewise.
+// for head payloads likewise. A backend that cannot address host memory
+// gets the rank's inputs uploaded first and its outputs downloaded last.
 //
 // Tags: every exchange of a call uses ExchangeTag(call_tag, pass, stage,
 // phase), distinct per (pass, stage, phase) and per call_tag, so no two
 // stages or calls can ever match each other's messages.
 //
-// Faults: any transport error ends the rank's run at once with that status
-// (ABORTED, DEADLINE_EXCEEDED, INTERNAL for a size mismatch); every wait
-// carries the deadline, so a missing or dead peer never hangs a rank.
+// Faults: any transport or backend error ends the rank's run at once with
+// that status (ABORTED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ...); every
+// wait carries the deadline, so a missing or dead peer never hangs a rank.
 // After an error the outputs are partially written.
 //
 // Thread-safety: one call per rank at a time; the P ranks of a group run
-// concurrently (one thread each), and may share one ThreadPool (its
-// ParallelFor serialises concurrent callers).
+// concurrently (one thread each), each with its backend (backends may be
+// shared: the CPU backend's pool serialises concurrent callers).
 //
 // Example (one rank's thread):
 //   RankBuffers b{q, k, v, o, lse};
+//   CpuBackend backend(2);
 //   ExecStats stats;
-//   HSAP_RETURN_IF_ERROR(RunForward(plan, rank, shape, b, transport, &pool,
+//   HSAP_RETURN_IF_ERROR(RunForward(plan, rank, shape, b, transport, &backend,
 //                                   absl::Now() + absl::Seconds(30), call_seq, &stats));
 #ifndef HSAP_SERVER_EXEC_EXECUTOR_H_
 #define HSAP_SERVER_EXEC_EXECUTOR_H_
@@ -51,29 +56,13 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/attention_params.h"
+#include "server/exec/compute_backend.h"
+#include "server/exec/rank_layout.h"
 #include "server/plan/plan.h"
 #include "server/transport/transport.h"
 
 namespace hsap::exec {
-
-// One rank's tensors, rows in assignment order (its dispatch ranges
-// concatenated; T_local = plan.dispatch.TokensOf(rank)). Pointers may be
-// null when T_local == 0.
-struct RankBuffers {
-  const void* q = nullptr;  // [T_local, Hq, D] dtype
-  const void* k = nullptr;  // [T_local, Hkv, D] dtype
-  const void* v = nullptr;  // [T_local, Hkv, D] dtype
-  // Forward outputs; backward inputs (the forward's results).
-  void* o = nullptr;      // [T_local, Hq, D] dtype
-  float* lse = nullptr;   // [Hq, T_local] fp32, natural log; -inf for rows that see no key
-  // Backward only.
-  const void* d_o = nullptr;  // [T_local, Hq, D] dtype
-  void* dq = nullptr;         // [T_local, Hq, D] dtype (written)
-  void* dk = nullptr;         // [T_local, Hkv, D] dtype (written)
-  void* dv = nullptr;         // [T_local, Hkv, D] dtype (written)
-};
 
 // What one rank's run did.
 struct ExecStats {
@@ -87,7 +76,7 @@ struct ExecStats {
   int64_t head_area = 0;
   int64_t recv_buffer_bytes = 0;  // K/V receive buffer (+ returned dK/dV buffer), allocated
   int32_t stages = 0;
-  double compute_seconds = 0;  // in the attention kernels
+  double compute_seconds = 0;  // in the backend's kernels (queued, for an asynchronous one)
   double wait_seconds = 0;     // blocked in PendingExchange::Wait
   double total_seconds = 0;
 };
@@ -100,19 +89,20 @@ uint64_t ExchangeTag(uint64_t call_tag, int pass, int32_t stage, int phase);
 
 // Runs rank `rank`'s forward plan: writes o and lse. `shape` must match
 // plan.spec.shape (softmax_scale 0 means 1/sqrt(D)). INVALID_ARGUMENT for a
-// mismatched shape, rank, transport or missing buffer; INTERNAL for a plan
-// inconsistent with itself (rows out of range, sizes that disagree);
-// transport errors as returned by the transport. `stats` may be null.
+// mismatched shape, rank, transport or missing buffer (LayoutFor);
+// FAILED_PRECONDITION for a backend whose memory the transport cannot move;
+// INTERNAL for a plan inconsistent with itself; transport and backend
+// errors as returned by them. `stats` may be null.
 absl::Status RunForward(const plan::Plan& plan, int32_t rank,
-                        const kernels::cpu::AttentionShape& shape, const RankBuffers& buffers,
-                        transport::Transport* transport, kernels::cpu::ThreadPool* pool,
+                        const kernels::AttentionShape& shape, const RankBuffers& buffers,
+                        transport::Transport* transport, ComputeBackend* backend,
                         absl::Time deadline, uint64_t call_tag, ExecStats* stats);
 
 // Runs rank `rank`'s backward plan: reads q, k, v, o, lse, d_o; writes dq,
 // dk, dv. Same contract as RunForward.
 absl::Status RunBackward(const plan::Plan& plan, int32_t rank,
-                         const kernels::cpu::AttentionShape& shape, const RankBuffers& buffers,
-                         transport::Transport* transport, kernels::cpu::ThreadPool* pool,
+                         const kernels::AttentionShape& shape, const RankBuffers& buffers,
+                         transport::Transport* transport, ComputeBackend* backend,
                          absl::Time deadline, uint64_t call_tag, ExecStats* stats);
 
 }  // namespace hsap::exec

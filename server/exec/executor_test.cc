@@ -6,6 +6,9 @@
 // rank, AbortAll) end every rank promptly with the right status.
 #include "server/exec/executor.h"
 
+#include <set>
+#include <tuple>
+
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -18,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/reference.h"
+#include "server/exec/cpu_backend.h"
 #include "server/plan/compiler.h"
 #include "server/transport/inprocess_transport.h"
 
@@ -78,8 +82,10 @@ std::vector<float> Gather(const std::vector<float>& global, const std::vector<in
   return out;
 }
 
-// Runs forward then backward on P threads over one fabric.
-Outcome RunPlan(const Plan& plan, const Problem& pr, kc::ThreadPool* pool) {
+// Runs forward then backward on P threads over one fabric, all ranks on
+// `shared` (one pool the ranks take turns on), or each rank on a backend of
+// its own (one kernel thread each) when `shared` is null.
+Outcome RunPlan(const Plan& plan, const Problem& pr, ComputeBackend* shared) {
   const int32_t P = plan.spec.topology.num_ranks();
   const int64_t T = pr.spec.total_tokens;
   const int Hq = pr.shape.num_heads_q, Hkv = pr.shape.num_heads_kv, D = pr.shape.head_dim;
@@ -117,9 +123,11 @@ Outcome RunPlan(const Plan& plan, const Problem& pr, kc::ThreadPool* pool) {
       RankBuffers b{l.q.data(), l.k.data(),  l.v.data(),  l.o.data(), l.lse.data(),
                     l.d_o.data(), l.dq.data(), l.dk.data(), l.dv.data()};
       transport::Transport* t = (*fabric)->endpoint(r);
-      out.fwd_status[r] = RunForward(plan, r, pr.shape, b, t, pool, deadline, 1, &out.fwd[r]);
+      CpuBackend own(1);
+      ComputeBackend* backend = shared != nullptr ? shared : &own;
+      out.fwd_status[r] = RunForward(plan, r, pr.shape, b, t, backend, deadline, 1, &out.fwd[r]);
       if (!out.fwd_status[r].ok()) return;
-      out.bwd_status[r] = RunBackward(plan, r, pr.shape, b, t, pool, deadline, 1, &out.bwd[r]);
+      out.bwd_status[r] = RunBackward(plan, r, pr.shape, b, t, backend, deadline, 1, &out.bwd[r]);
     });
   }
   for (auto& th : threads) th.join();
@@ -244,7 +252,7 @@ std::string Describe(const Problem& pr, Strategy s, plan::AssignmentPolicy a) {
 }
 
 // Checks one compiled plan end to end: outputs, byte counts, area, budget.
-void CheckPlan(const Plan& plan, const Problem& pr, const Reference& ref, kc::ThreadPool* pool,
+void CheckPlan(const Plan& plan, const Problem& pr, const Reference& ref, ComputeBackend* pool,
                const std::string& what) {
   const Outcome out = RunPlan(plan, pr, pool);
   const int32_t P = plan.spec.topology.num_ranks();
@@ -284,7 +292,7 @@ class ExecutorMatrixTest : public ::testing::TestWithParam<plan::Topology> {};
 TEST_P(ExecutorMatrixTest, EveryStrategyAndAssignmentMatchesReference) {
   const plan::Topology topo = GetParam();
   std::mt19937_64 rng(1000 + topo.num_nodes * 10 + topo.devices_per_node);
-  kc::ThreadPool pool(2);
+  CpuBackend pool(2);
   int compiled = 0, failed_compile = 0;
   constexpr int kCases = 20;
   for (int c = 0; c < kCases; ++c) {
@@ -394,8 +402,9 @@ std::vector<absl::Status> RunSome(const Plan& plan, const Problem& pr,
       d.o.resize(rows.size() * 64);
       d.lse.resize(rows.size() * 2);
       RankBuffers b{d.q.data(), d.k.data(), d.v.data(), d.o.data(), d.lse.data()};
+      CpuBackend backend(1);
       status[r] =
-          RunForward(plan, r, pr.shape, b, fabric->endpoint(r), nullptr, deadline, 5, nullptr);
+          RunForward(plan, r, pr.shape, b, fabric->endpoint(r), &backend, deadline, 5, nullptr);
     });
   }
   during();
@@ -453,26 +462,48 @@ TEST(ExecutorValidation, RejectsMismatchedShapeRankAndBuffers) {
   kc::AttentionShape bad = pr.shape;
   bad.num_heads_q = 4;
   RankBuffers none;
-  absl::Status s = RunForward(*plan, 0, bad, none, (*fabric)->endpoint(0), nullptr, deadline, 1,
+  CpuBackend cpu(1);
+  CpuBackend* backend = &cpu;
+  absl::Status s = RunForward(*plan, 0, bad, none, (*fabric)->endpoint(0), backend, deadline, 1,
                               nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("Hq 4"), std::string::npos) << s;
-  s = RunForward(*plan, 0, pr.shape, none, (*fabric)->endpoint(1), nullptr, deadline, 1, nullptr);
+  s = RunForward(*plan, 0, pr.shape, none, (*fabric)->endpoint(1), backend, deadline, 1, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  s = RunForward(*plan, 0, pr.shape, none, (*fabric)->endpoint(0), nullptr, deadline, 1, nullptr);
+  s = RunForward(*plan, 0, pr.shape, none, (*fabric)->endpoint(0), backend, deadline, 1, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("null"), std::string::npos) << s;
-  s = RunForward(*plan, 0, pr.shape, none, (*fabric)->endpoint(0), nullptr, deadline,
+  s = RunForward(*plan, 0, pr.shape, none, (*fabric)->endpoint(0), backend, deadline,
                  uint64_t{1} << 41, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("call_tag"), std::string::npos) << s;
+  s = RunForward(*plan, 0, pr.shape, none, (*fabric)->endpoint(0), nullptr, deadline, 1, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("backend"), std::string::npos) << s;
 }
 
-TEST(ExecutorTags, DistinctPerPassStagePhaseAndCall) {
-  EXPECT_NE(ExchangeTag(1, 0, 0, 0), ExchangeTag(1, 1, 0, 0));
-  EXPECT_NE(ExchangeTag(1, 0, 0, 0), ExchangeTag(1, 0, 0, 1));
-  EXPECT_NE(ExchangeTag(1, 0, 1, 0), ExchangeTag(1, 0, 0, 1));
-  EXPECT_NE(ExchangeTag(1, 0, (1 << 22) - 1, 1), ExchangeTag(2, 0, 0, 0));
-  EXPECT_NE(ExchangeTag(1, 1, (1 << 22) - 1, 1), ExchangeTag(2, 0, 0, 0));
+// The tag layout is call_tag << 24 | pass << 23 | stage << 1 | phase, and
+// no two (call, pass, stage, phase) in range share a tag.
+TEST(ExecutorTags, LayoutAndInjectivity) {
+  EXPECT_EQ(ExchangeTag(0, 0, 0, 0), 0u);
+  EXPECT_EQ(ExchangeTag(0, 0, 0, 1), 1u);
+  EXPECT_EQ(ExchangeTag(0, 0, 1, 0), 2u);
+  EXPECT_EQ(ExchangeTag(0, 1, 0, 0), uint64_t{1} << 23);
+  EXPECT_EQ(ExchangeTag(1, 0, 0, 0), uint64_t{1} << 24);
+  EXPECT_EQ(ExchangeTag((uint64_t{1} << 40) - 1, 1, (1 << 22) - 1, 1), ~uint64_t{0});
+  std::set<uint64_t> seen;
+  size_t n = 0;
+  for (uint64_t call : {uint64_t{0}, uint64_t{1}, uint64_t{2}, (uint64_t{1} << 40) - 1}) {
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int32_t stage : {0, 1, 2, 1000, (1 << 22) - 2, (1 << 22) - 1}) {
+        for (int phase = 0; phase < 2; ++phase) {
+          seen.insert(ExchangeTag(call, pass, stage, phase));
+          ++n;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), n);
 }
 
 }  // namespace

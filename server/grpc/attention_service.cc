@@ -49,7 +49,7 @@ grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, con
   call->cancelled = [&context] { return context.IsCancelled(); };
   CallOutcome outcome;
   absl::Status st =
-      RunCall(*call, state->runner, &state->plans, &state->matcher, &state->active, &state->pool,
+      RunCall(*call, state->runner, &state->plans, &state->matcher, &state->active, state->slots.get(),
               &outcome);
   if (!st.ok()) {
     HSAP_LOG(WARNING) << "call " << call->group << "/" << call->call_seq << " rank " << call->rank
@@ -63,10 +63,7 @@ grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, con
     state->metrics.RecordTransfer(metrics::TransferDirection::kReceived, t,
                                   outcome.exec.received_bytes[tier]);
   }
-  const int slot = state->device_names.empty()
-                       ? 0
-                       : call->rank % static_cast<int>(state->device_names.size());
-  state->metrics.RecordDeviceBusy(slot, outcome.exec.compute_seconds);
+  state->metrics.RecordDeviceBusy(outcome.slot, outcome.exec.compute_seconds);
   state->busy_micros.fetch_add(static_cast<uint64_t>(outcome.exec.compute_seconds * 1e6),
                                std::memory_order_relaxed);
   stats->set_plan_key(outcome.plan_key);

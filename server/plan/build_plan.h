@@ -18,7 +18,7 @@
 
 namespace hsap::plan::internal {
 
-// Per-row bytes of the head all-to-all payloads for a slot.
+// Per-row bytes of a head all-to-all payload for a slot (wire_layout.h).
 int64_t HeadRowBytes(Payload p, const HeadShape& shape, const HeadSlot& slot);
 
 // The node of every rank (a table: link tiers are looked up per transfer).

@@ -18,15 +18,7 @@ namespace internal {
 
 // Per-row bytes of the head all-to-all payloads for a slot.
 int64_t HeadRowBytes(Payload p, const HeadShape& shape, const HeadSlot& slot) {
-  const int64_t e = int64_t{shape.head_dim} * DTypeSize(shape.dtype);
-  const int64_t q = slot.num_q(), kv = slot.num_kv();
-  switch (p) {
-    case Payload::kQkvHeads: return (q + 2 * kv) * e;
-    case Payload::kOutLseHeads: return q * (e + 4);
-    case Payload::kBwdHeads: return (3 * q + 2 * kv) * e + 4 * q;
-    case Payload::kGradQkvHeads: return (q + 2 * kv) * e;
-    default: return 0;
-  }
+  return PayloadRowBytes(p, slot.num_q(), slot.num_kv(), shape.head_dim, shape.dtype);
 }
 
 std::vector<int32_t> RankNodes(const Topology& t) {

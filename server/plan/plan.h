@@ -41,6 +41,7 @@
 #include "server/plan/plan_key.h"
 #include "server/plan/plan_spec.h"
 #include "server/plan/shared_list.h"
+#include "server/plan/wire_layout.h"
 
 namespace hsap::plan {
 
@@ -59,15 +60,8 @@ enum class RowSpace : uint8_t {
   kRecv = 2,   // the stage's receive buffer
 };
 
-// What each row of a transfer carries.
-enum class Payload : uint8_t {
-  kKv = 0,             // K and V of the slot's kv heads
-  kGradKv = 1,         // dK and dV partials (dtype), to be added by the owner
-  kQkvHeads = 2,       // forward head scatter: Q, K, V of the receiver's heads
-  kOutLseHeads = 3,    // forward head gather: O and LSE (fp32) of the sender's heads
-  kBwdHeads = 4,       // backward head scatter: Q, K, V, O, dO, LSE of the receiver's heads
-  kGradQkvHeads = 5,   // backward head gather: dQ, dK, dV of the sender's heads
-};
+// What each row of a transfer carries: plan::Payload, defined with the wire
+// layout of every kind (wire_layout.h).
 
 // A run of rows: global tokens [global_begin, global_end) at rows
 // [row, row + size) of the transfer's row space.

@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "common/dtype.h"
 #include "common/mask.h"
+#include "server/plan/wire_layout.h"
 
 namespace hsap::plan {
 
@@ -141,10 +142,10 @@ absl::Status ValidatePlanSpec(const PlanSpec& spec);
 // REQUIRES: ValidatePlanSpec(spec).ok().
 std::vector<MaskSlice> ResolveSlices(const PlanSpec& spec);
 
-// Bytes of one token's K and V rows for `kv_heads` heads: 2 * kv_heads * D *
-// dtype size (kappa in DESIGN.md §8).
+// Bytes of one token's K and V rows for `kv_heads` heads (kappa in
+// DESIGN.md §8): the wire layout of a kKv row (wire_layout.h).
 inline int64_t KvRowBytes(const HeadShape& shape, int64_t kv_heads) {
-  return 2 * kv_heads * shape.head_dim * DTypeSize(shape.dtype);
+  return PayloadRowBytes(Payload::kKv, 0, kv_heads, shape.head_dim, shape.dtype);
 }
 
 }  // namespace hsap::plan

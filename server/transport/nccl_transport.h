@@ -123,6 +123,7 @@ class NcclTransport : public Transport {
   // GPU); DEADLINE_EXCEEDED when the group did not form by init_deadline.
   static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(NcclTransportOptions options);
 
+  bool moves_device_memory() const override { return true; }
   // The stream every exchange of this endpoint runs on (cudaStream_t).
   virtual CUstream_st* stream() const = 0;
   virtual int32_t device() const = 0;

@@ -91,6 +91,10 @@ class Transport {
   virtual void Abort(const absl::Status& reason) = 0;
 
   virtual TransferCounters counters() const = 0;
+
+  // Whether sends and receives may name device (GPU) memory (NCCL); the
+  // others move host memory only.
+  virtual bool moves_device_memory() const { return false; }
 };
 
 }  // namespace hsap::transport
