@@ -75,6 +75,27 @@ struct BwdWorkItem {
   float* dv_acc = nullptr;  // [num_k, Hkv, D] fp32, +=
 };
 
+enum class CopyOp : uint8_t {
+  kCopy,        // `elems` bytes per row, as they are
+  kStoreFloat,  // fp32 source -> `dtype` destination, round to nearest even
+  kAddLoaded,   // destination (fp32) += float(source of `dtype`)
+};
+
+// One strided row copy: `rows` rows; row r reads src + r * src_stride and
+// writes dst + r * dst_stride (strides in bytes); each row is `elems`
+// elements (bytes for kCopy). The executor packs and unpacks transfers,
+// uploads and downloads with lists of these.
+struct RowCopy {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t rows = 0;
+  int64_t src_stride = 0;
+  int64_t dst_stride = 0;
+  int64_t elems = 0;
+  CopyOp op = CopyOp::kCopy;
+  DType dtype = DType::kFloat32;
+};
+
 }  // namespace hsap::kernels
 
 #endif  // HSAP_KERNELS_ATTENTION_PARAMS_H_

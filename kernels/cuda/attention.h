@@ -110,6 +110,27 @@ struct TokenRange {
                                      absl::Span<const TokenRange> ranges, float* dst,
                                      CudaStream stream);
 
+// Device memory and streams, for the executor's CUDA backend.
+// `bytes` of zero-filled device memory on the current device (nullptr for
+// 0); RESOURCE_EXHAUSTED when the device is out of memory.
+[[nodiscard]] absl::Status DeviceAllocate(int64_t bytes, void** out);
+void DeviceFree(void* p);
+// A new non-blocking stream on the current device / its destruction.
+[[nodiscard]] absl::Status StreamCreate(CudaStream* out);
+void StreamDestroy(CudaStream stream);
+// Waits for everything queued on `stream`; the first error it met.
+[[nodiscard]] absl::Status StreamSynchronize(CudaStream stream);
+
+// dst[i] = value for i < n (device memory).
+[[nodiscard]] absl::Status Fill(float* dst, int64_t n, float value, CudaStream stream);
+
+// The row copies (kernels/attention_params.h), in one stream-ordered batch.
+// kCopy rows may move between host and device memory (cudaMemcpy2DAsync);
+// kStoreFloat and kAddLoaded run in one kernel over device memory.
+// REQUIRES: no two copies write the same bytes (adds into one destination go
+// in separate calls, which run in call order).
+[[nodiscard]] absl::Status CopyRows(absl::Span<const RowCopy> copies, CudaStream stream);
+
 // Whether this library was built with nvcc (false: every call above answers
 // FAILED_PRECONDITION "built without CUDA").
 bool BuiltWithCuda();

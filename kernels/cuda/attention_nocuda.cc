@@ -41,5 +41,18 @@ absl::Status Unpack(const void*, int64_t, absl::Span<const TokenRange>, void*, C
 absl::Status UnpackAdd(const float*, int64_t, absl::Span<const TokenRange>, float*, CudaStream) {
   return NoCuda("UnpackAdd");
 }
+absl::Status DeviceAllocate(int64_t, void** out) {
+  *out = nullptr;
+  return NoCuda("DeviceAllocate");
+}
+void DeviceFree(void*) {}
+absl::Status StreamCreate(CudaStream* out) {
+  *out = nullptr;
+  return NoCuda("StreamCreate");
+}
+void StreamDestroy(CudaStream) {}
+absl::Status StreamSynchronize(CudaStream) { return NoCuda("StreamSynchronize"); }
+absl::Status Fill(float*, int64_t, float, CudaStream) { return NoCuda("Fill"); }
+absl::Status CopyRows(absl::Span<const RowCopy>, CudaStream) { return NoCuda("CopyRows"); }
 
 }  // namespace hsap::kernels::cuda

@@ -122,4 +122,68 @@ absl::Status UnpackAdd(const float* src, int64_t row_elems, absl::Span<const Tok
   return absl::OkStatus();
 }
 
+absl::Status DeviceAllocate(int64_t bytes, void** out) {
+  *out = nullptr;
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("bytes: ", bytes));
+  if (bytes == 0) return absl::OkStatus();
+  const cudaError_t e = cudaMalloc(out, static_cast<size_t>(bytes));
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cudaMalloc of ", bytes, " bytes: ", cudaGetErrorString(e)));
+  }
+  HSAP_KERNEL_CUDA_RETURN_IF_ERROR(e);
+  HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaMemset(*out, 0, static_cast<size_t>(bytes)));
+  return absl::OkStatus();
+}
+
+void DeviceFree(void* p) {
+  if (p != nullptr) cudaFree(p);
+}
+
+absl::Status StreamCreate(CudaStream* out) {
+  cudaStream_t s = nullptr;
+  HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  *out = s;
+  return absl::OkStatus();
+}
+
+void StreamDestroy(CudaStream stream) {
+  if (stream != nullptr) cudaStreamDestroy(stream);
+}
+
+absl::Status StreamSynchronize(CudaStream stream) {
+  HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+absl::Status Fill(float* dst, int64_t n, float value, CudaStream stream) {
+  if (n <= 0) return absl::OkStatus();
+  FillKernel<<<GridFor(n), kThreads, 0, stream>>>(dst, n, value);
+  HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status CopyRows(absl::Span<const RowCopy> copies, CudaStream stream) {
+  std::vector<ConvertOp> ops;
+  int64_t total = 0;
+  HSAP_RETURN_IF_ERROR(BuildConvertOps(copies, &ops, &total));
+  for (const RowCopy& c : copies) {
+    if (c.op != CopyOp::kCopy || c.rows == 0 || c.elems == 0) continue;
+    HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        c.dst, static_cast<size_t>(c.rows == 1 ? c.elems : c.dst_stride), c.src,
+        static_cast<size_t>(c.rows == 1 ? c.elems : c.src_stride), static_cast<size_t>(c.elems),
+        static_cast<size_t>(c.rows), cudaMemcpyDefault, stream));
+  }
+  if (total == 0) return absl::OkStatus();
+  std::vector<uint8_t> table;
+  internal::AppendTable(ops, &table);
+  internal::StreamScratch scratch(stream);
+  HSAP_RETURN_IF_ERROR(scratch.Upload(table));
+  ConvertRowsKernel<<<GridFor(total), kThreads, 0, stream>>>(
+      scratch.At<ConvertOp>(0), static_cast<int>(ops.size()), total);
+  HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
 }  // namespace hsap::kernels::cuda

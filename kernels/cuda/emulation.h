@@ -45,9 +45,17 @@ namespace hsap::kernels::cuda::emu {
 // runs are deterministic and a wait costs a context switch, not a futex.
 struct Fiber {
   ucontext_t context;
-  std::unique_ptr<char[]> stack;
+  char* stack = nullptr;  // from FiberStacks(), reused by later CTAs
   bool done = false;
 };
+
+// Fiber stacks, kept for the process so that CTAs and launches reuse them
+// (allocating and faulting in a fresh stack per fiber per CTA dominated the
+// emulation's time).
+inline std::vector<std::unique_ptr<char[]>>& FiberStacks() {
+  static auto* stacks = new std::vector<std::unique_ptr<char[]>>;
+  return *stacks;
+}
 
 struct Scheduler {
   ucontext_t main;
@@ -287,11 +295,13 @@ inline void Launch(int grid_x, int grid_y, int threads, const std::function<void
       blockIdx = {static_cast<unsigned>(x), static_cast<unsigned>(y), 0};
       blockDim = dim3(threads, 1, 1);
       gridDim = dim3(grid_x, grid_y, 1);
+      std::vector<std::unique_ptr<char[]>>& stacks = FiberStacks();
+      while (stacks.size() < static_cast<size_t>(threads)) stacks.emplace_back(new char[kStack]);
       for (int t = 0; t < threads; ++t) {
         Fiber& f = s.fibers[t];
-        f.stack.reset(new char[kStack]);
+        f.stack = stacks[t].get();
         getcontext(&f.context);
-        f.context.uc_stack.ss_sp = f.stack.get();
+        f.context.uc_stack.ss_sp = f.stack;
         f.context.uc_stack.ss_size = kStack;
         f.context.uc_link = &s.main;
         makecontext(&f.context, [] { (*entry)(); }, 0);

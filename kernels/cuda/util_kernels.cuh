@@ -155,6 +155,70 @@ inline absl::Status BuildPackedRanges(absl::Span<const TokenRange> ranges,
   return absl::OkStatus();
 }
 
+__global__ void FillKernel(float* dst, int64_t n, float value) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) dst[i] = value;
+}
+
+// One converting row copy (RowCopy with op kStoreFloat or kAddLoaded) and the
+// index of its first element among all elements of the launch.
+struct ConvertOp {
+  const char* src;
+  char* dst;
+  int64_t src_stride;
+  int64_t dst_stride;
+  int64_t elems;  // per row
+  int64_t first;  // elements of the ops before this one
+  int32_t add;    // 1: dst (fp32) += float(src of dtype); 0: dst (dtype) = src (fp32)
+  DType dtype;
+};
+
+// Element i of the launch: the op holding it (the last with first <= i),
+// then its row and column. Ops write disjoint bytes, so any order is exact.
+__global__ void ConvertRowsKernel(const ConvertOp* ops, int num_ops, int64_t total) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+    int a = 0, b = num_ops - 1;
+    while (a < b) {
+      const int mid = (a + b + 1) / 2;
+      if (ops[mid].first <= i) a = mid; else b = mid - 1;
+    }
+    const ConvertOp& op = ops[a];
+    const int64_t local = i - op.first, r = local / op.elems, c = local % op.elems;
+    const char* src = op.src + r * op.src_stride;
+    char* dst = op.dst + r * op.dst_stride;
+    if (op.add) {
+      reinterpret_cast<float*>(dst)[c] += Load(src, op.dtype, c);
+      continue;
+    }
+    const float x = reinterpret_cast<const float*>(src)[c];
+    switch (op.dtype) {
+      case DType::kFloat32: reinterpret_cast<float*>(dst)[c] = x; break;
+      case DType::kBFloat16: reinterpret_cast<__nv_bfloat16*>(dst)[c] = __float2bfloat16_rn(x); break;
+      default: reinterpret_cast<__half*>(dst)[c] = __float2half_rn(x); break;
+    }
+  }
+}
+
+// The converting copies of `copies` as a kernel table (kCopy ones are left
+// to cudaMemcpy2DAsync), with the launch's element count.
+inline absl::Status BuildConvertOps(absl::Span<const RowCopy> copies, std::vector<ConvertOp>* out,
+                                    int64_t* total) {
+  *total = 0;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const RowCopy& c = copies[i];
+    if (c.rows < 0 || c.elems < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("copies[", i, "]: rows ", c.rows, ", elems ", c.elems));
+    }
+    if (c.op == CopyOp::kCopy || c.rows == 0 || c.elems == 0) continue;
+    out->push_back({static_cast<const char*>(c.src), static_cast<char*>(c.dst), c.src_stride,
+                    c.dst_stride, c.elems, *total, c.op == CopyOp::kAddLoaded ? 1 : 0, c.dtype});
+    *total += c.rows * c.elems;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace hsap::kernels::cuda::kernel
 
 #endif  // HSAP_KERNELS_CUDA_UTIL_KERNELS_CUH_

@@ -71,26 +71,9 @@ class BackendBuffer {
   std::function<void(void*)> release_;
 };
 
-enum class CopyOp : uint8_t {
-  kCopy,        // `elems` bytes per row, as they are
-  kStoreFloat,  // fp32 source -> `dtype` destination, round to nearest even
-  kAddLoaded,   // destination (fp32) += float(source of `dtype`)
-};
-
-// `rows` rows; row r reads src + r * src_stride and writes dst + r *
-// dst_stride (strides in bytes); each row is `elems` elements (bytes for
-// kCopy). Pointers are backend memory, except that kCopy may move bytes
-// between host memory and backend memory.
-struct RowCopy {
-  const void* src = nullptr;
-  void* dst = nullptr;
-  int64_t rows = 0;
-  int64_t src_stride = 0;
-  int64_t dst_stride = 0;
-  int64_t elems = 0;
-  CopyOp op = CopyOp::kCopy;
-  DType dtype = DType::kFloat32;
-};
+// Row copies (kernels/attention_params.h): pack, unpack, upload, download.
+using ::hsap::kernels::CopyOp;
+using ::hsap::kernels::RowCopy;
 
 class ComputeBackend {
  public:

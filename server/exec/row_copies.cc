@@ -138,6 +138,9 @@ void AppendTransferCopies(const RankLayout& l, const RankMemory& m, const plan::
     const Spot s = pack ? PackSpot(l, m, t, f.tensor) : UnpackSpot(l, m, t, f.tensor);
     if (s.kind == Spot::kNone || f.heads == 0) continue;
     const int64_t head_bytes = f.bytes / f.heads;
+    // The element type on the wire: fp32 fields (LSE, dK/dV partials) move
+    // accumulator floats as they are and are added as floats.
+    const DType wire_type = f.type == plan::WireType::kFloat32 ? DType::kFloat32 : dtype;
     int64_t offset = 0;  // of the segment's first row in the wire data
     for (const plan::Segment& seg : t.segments) {
       const int64_t rows = seg.global_end - seg.global_begin;
@@ -148,7 +151,7 @@ void AppendTransferCopies(const RankLayout& l, const RankMemory& m, const plan::
         RowCopy c;
         c.rows = rows;
         c.op = op;
-        c.dtype = dtype;
+        c.dtype = wire_type;
         c.elems = elems;
         if (pack) {
           c.src = mem;

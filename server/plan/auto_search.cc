@@ -24,11 +24,12 @@ namespace {
 // / bandwidth per tier. Hence, with a rank's totals in closed form:
 //   fwd >= max over ranks of max(compute, X_fwd)
 //   bwd >= max over ranks of max(2.5 compute, X_bwd) + X_returns
+// (X_returns = R X_kv: the returns carry fp32 partials, R = ReturnBytesRatio)
 // and, additively (sum of maxima >= maximum of sums; head stages have no
 // work items; every item on the rank's own keys is an overlap item, every
 // other item runs after its stage's transfers):
 //   fwd >= H_fwd + max(X_kv, own) + (compute - own)
-//   bwd >= H_bwd + max(X_kv, 2.5 own) + 2.5 (compute - own) + X_kv
+//   bwd >= H_bwd + max(X_kv, 2.5 own) + 2.5 (compute - own) + R X_kv
 // with H the head stages' transfer terms, X_kv the K/V transfer term
 // (returns mirror it) and `own` the compute on the group's own keys. The
 // additive form is what excludes usp at 1M tokens and 512 ranks: its ring
@@ -86,6 +87,7 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
   const int32_t V = P / U;
   const int64_t D = spec.shape.head_dim;
   const double bw[kNumTiers] = {profile.intra_bytes_per_s, profile.inter_bytes_per_s};
+  const double ratio = static_cast<double>(ReturnBytesRatio(spec.shape.dtype));
   std::vector<int64_t> group_tokens(V, 0), group_area(V, 0);
   for (int32_t r = 0; r < P; ++r) {
     group_tokens[r / U] += in.tokens[r];
@@ -95,7 +97,7 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
   std::vector<HeadSlot> slots(U);
   for (int32_t u = 0; u < U; ++u) slots[u] = HeadSlotOf(spec.shape, U, u);
   // Per rank and tier: K/V bytes sent and received (forward; the backward
-  // repeats them and returns as many dK/dV), head all-to-all bytes.
+  // repeats them and returns R times as many dK/dV bytes), head all-to-all bytes.
   using Tiers = std::array<int64_t, kNumTiers>;
   std::vector<Tiers> kv_send(P, Tiers{}), kv_recv(P, Tiers{});
   std::vector<Tiers> hf_send(P, Tiers{}), hf_recv(P, Tiers{}), hb_send(P, Tiers{}),
@@ -266,9 +268,10 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
       hb = std::max(hb, static_cast<double>(std::max(hb_send[d][t], hb_recv[d][t])) / b);
     }
     const double bf = profile.backward_factor;
+    // The returns move `ratio` times the K/V bytes (fp32 partials).
     fwd = std::max({fwd, compute, xf, hf + std::max(xr, own) + (compute - own)});
-    bwd = std::max({bwd, std::max(compute * bf, xb) + xr,
-                    hb + std::max(xr, own * bf) + (compute - own) * bf + xr});
+    bwd = std::max({bwd, std::max(compute * bf, xb) + ratio * xr,
+                    hb + std::max(xr, own * bf) + (compute - own) * bf + ratio * xr});
   }
   return (fwd + bwd) * 1e6;
 }
@@ -276,8 +279,9 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
 // A tighter lower bound of a strategy's modeled time from its packing: the
 // model sums, over stages, the slowest rank's stage time; a forward stage
 // takes max(xfer, overlap) + after >= xfer and a backward stage
-// max(xfer, overlap) + after + ret >= 2 xfer (the returns mirror the
-// transfers: the same bytes per tier, directions swapped), with xfer the
+// max(xfer, overlap) + after + ret >= xfer + ret (the returns mirror the
+// transfers: R times the bytes per tier (fp32 partials), directions
+// swapped), with xfer the
 // rank's transfer term (StageTransferSeconds) over the K/V bytes the packing
 // puts in the stage. Head stages (U > 1) have no work items: their model
 // time is exactly the slowest rank's transfer term, from the all-to-all
@@ -346,14 +350,23 @@ double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
     fwd_us += head_stage(Payload::kQkvHeads, true) * 1e6;
     bwd_us += head_stage(Payload::kBwdHeads, true) * 1e6;
   }
+  const int64_t ratio = ReturnBytesRatio(spec.shape.dtype);
   for (int32_t s = 0; s < S; ++s) {
-    double slowest = 0;
+    double slowest = 0, slowest_bwd = 0;
     for (int32_t r = 0; r < P; ++r) {
       const size_t i = static_cast<size_t>(r) * S + s;
-      slowest = std::max(slowest, StageTransferSeconds(profile, send[i], recv[i]));
+      const double x = StageTransferSeconds(profile, send[i], recv[i]);
+      // The returns: directions swapped, fp32 partials (`ratio` x bytes).
+      Tiers ret_send{}, ret_recv{};
+      for (int t = 0; t < kNumTiers; ++t) {
+        ret_send[t] = recv[i][t] * ratio;
+        ret_recv[t] = send[i][t] * ratio;
+      }
+      slowest = std::max(slowest, x);
+      slowest_bwd = std::max(slowest_bwd, x + StageTransferSeconds(profile, ret_send, ret_recv));
     }
     fwd_us += slowest * 1e6;
-    bwd_us += (slowest + slowest) * 1e6;
+    bwd_us += slowest_bwd * 1e6;
   }
   if (U > 1) {
     fwd_us += head_stage(Payload::kOutLseHeads, false) * 1e6;

@@ -177,8 +177,9 @@ void AppendForward(InnerRank& in, int32_t d, int32_t U, int32_t u, int64_t kappa
 
 // The backward stages of forward stages [first, end) of `fwd`: the same
 // transfers and items (shared), then the dK/dV returns mirroring the
-// transfers, each kind in one array for all the stages.
-void AppendBackward(const std::vector<Stage>& fwd, size_t first, size_t end,
+// transfers (fp32 partials: `ratio` times the bytes of the K/V they return
+// for, ReturnBytesRatio), each kind in one array for all the stages.
+void AppendBackward(const std::vector<Stage>& fwd, size_t first, size_t end, int64_t ratio,
                     std::vector<Stage>* bwd) {
   size_t num[2] = {0, 0};  // returned sends (mirror recvs), returned recvs (mirror sends)
   for (size_t s = first; s < end; ++s) {
@@ -192,8 +193,8 @@ void AppendBackward(const std::vector<Stage>& fwd, size_t first, size_t end,
       pools[k]->reserve(num[k]);
     }
   }
-  auto mirror = [](const TransferList& ts, RowSpace space, bool buffered,
-                   std::vector<Transfer>* pool) {
+  auto mirror = [ratio](const TransferList& ts, RowSpace space, bool buffered,
+                        std::vector<Transfer>* pool) {
     const size_t at = pool->size();
     int64_t offset = 0;
     for (const Transfer& t : ts) {
@@ -201,6 +202,7 @@ void AppendBackward(const std::vector<Stage>& fwd, size_t first, size_t end,
       Transfer& r = pool->back();
       r.payload = Payload::kGradKv;
       r.space = space;
+      r.bytes = t.bytes * ratio;  // fp32 partials (wire_layout.h)
       r.buffer_offset = buffered ? offset : 0;
       offset += r.bytes;
     }
@@ -225,14 +227,16 @@ void AppendBackward(const std::vector<Stage>& fwd, size_t first, size_t end,
 // are its sends' and receives'. A backward stage in [first_inner,
 // end_inner) repeats its forward stage's transfers and returns mirrors of
 // them (AppendBackward: a return send per receive, a return receive per
-// send, same tier and bytes), so its sums follow from the forward stage's;
+// send, same tier, `ratio` times the bytes), so its sums follow from the
+// forward stage's;
 // the other backward stages (head all-to-alls) are read.
 struct RankBytes {
   std::vector<StageBytes> fwd, bwd;
   std::vector<int64_t> fwd_buffer;  // per forward stage: K/V bytes into the receive buffer
 };
 
-RankBytes SumRankBytes(const RankPlan& rp, size_t first_inner, size_t end_inner) {
+RankBytes SumRankBytes(const RankPlan& rp, size_t first_inner, size_t end_inner,
+                       int64_t ratio) {
   RankBytes rb;
   rb.fwd.resize(rp.forward.size());
   rb.bwd.resize(rp.backward.size());
@@ -251,8 +255,12 @@ RankBytes SumRankBytes(const RankPlan& rp, size_t first_inner, size_t end_inner)
   for (size_t s = 0; s < rp.backward.size(); ++s) {
     StageBytes& b = rb.bwd[s];
     if (s >= first_inner && s < end_inner) {
-      b.send = b.return_recv = rb.fwd[s].send;
-      b.recv = b.return_send = rb.fwd[s].recv;
+      b.send = rb.fwd[s].send;
+      b.recv = rb.fwd[s].recv;
+      for (int t = 0; t < kNumTiers; ++t) {
+        b.return_recv[t] = b.send[t] * ratio;
+        b.return_send[t] = b.recv[t] * ratio;
+      }
       continue;
     }
     const Stage& st = rp.backward[s];
@@ -416,7 +424,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     } else {
       const size_t first = fwd.size();
       AppendForward(inner[v], d, U, u, kappa, slot, node_of, &fwd);
-      AppendBackward(fwd, first, fwd.size(), &bwd);
+      AppendBackward(fwd, first, fwd.size(), ReturnBytesRatio(spec.shape.dtype), &bwd);
     }
     if (U > 1) {
       fwd.push_back(
@@ -452,7 +460,8 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     }
     // Statistics and model while the rank's lists are in cache.
     const size_t first_inner = U > 1 ? 1 : 0;
-    const RankBytes rb = SumRankBytes(rp, first_inner, first_inner + inner_stages);
+    const RankBytes rb = SumRankBytes(rp, first_inner, first_inner + inner_stages,
+                                      ReturnBytesRatio(spec.shape.dtype));
     FillRankStats(rb, &rs);
     models[d] = ModelRank(profile, spec.shape.head_dim, area, rb.fwd, rb.bwd, &rp);
   });

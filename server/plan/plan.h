@@ -46,7 +46,7 @@
 namespace hsap::plan {
 
 // Bump when the meaning or layout of a plan changes: it is hashed into keys.
-inline constexpr uint32_t kPlanFormatVersion = 1;
+inline constexpr uint32_t kPlanFormatVersion = 2;  // 2: dK/dV partials travel in fp32
 
 enum class LinkTier : uint8_t {
   kIntraNode = 0,  // NVLink / shared memory
@@ -149,7 +149,9 @@ struct RankStats {
   // Exact-need K/V bytes of this rank's own tokens with all heads (the
   // point-to-point bound, reported for every strategy).
   int64_t exact_need_bytes = 0;
-  int64_t peak_recv_buffer_bytes = 0;  // largest one-stage receive buffer
+  // Largest one-stage receive buffer: K/V rows, or returned fp32 dK/dV
+  // partials (up to ReturnBytesRatio times the budget).
+  int64_t peak_recv_buffer_bytes = 0;
   // Modeled times (cost_model.h), microseconds.
   double fwd_compute_us = 0;
   double bwd_compute_us = 0;

@@ -192,7 +192,8 @@ absl::Status CheckBudget(const Plan& plan) {
         int64_t kv = 0, ret = 0;
         for (const Transfer& t : (*stages)[s].recvs) kv += t.space == RowSpace::kRecv ? t.bytes : 0;
         for (const Transfer& t : (*stages)[s].return_recvs) ret += t.bytes;
-        if (kv > budget || ret > budget) {
+        // Returned partials are fp32: up to ReturnBytesRatio times the K/V bytes.
+        if (kv > budget || ret > budget * ReturnBytesRatio(plan.spec.shape.dtype)) {
           return absl::InternalError(absl::StrCat("rank ", rp.rank, " stage ", s, ": receives ",
                                                   kv, " K/V bytes and ", ret,
                                                   " dK/dV bytes; budget ", budget));

@@ -8,8 +8,9 @@
 //  * CheckTransfers:  every send has an identical receive on the peer in the
 //                     same stage (payload, global ranges, bytes), and back;
 //                     per stage, at most one transfer per (peer, payload).
-//  * CheckBudget:     every stage's K/V receive rows and returned dK/dV rows
-//                     fit spec.recv_buffer_bytes.
+//  * CheckBudget:     every stage's K/V receive rows fit spec.recv_buffer_bytes
+//                     and its returned dK/dV rows (fp32) ReturnBytesRatio
+//                     times it.
 //  * ExactNeedBruteForce: per rank, keys its queries see that it does not
 //                     hold, counted token by token.
 #ifndef HSAP_SERVER_PLAN_PLAN_CHECKER_H_

@@ -37,8 +37,8 @@ RowLayout PayloadRowLayout(Payload payload, int64_t q_heads, int64_t kv_heads, i
       row.Add(T::kV, kS, false, kv_heads, d, dtype);
       break;
     case Payload::kGradKv:
-      row.Add(T::kDk, kS, false, kv_heads, d, dtype);
-      row.Add(T::kDv, kS, false, kv_heads, d, dtype);
+      row.Add(T::kDk, kF, false, kv_heads, d, dtype);
+      row.Add(T::kDv, kF, false, kv_heads, d, dtype);
       break;
     case Payload::kQkvHeads:
       row.Add(T::kQ, kS, true, q_heads, d, dtype);
@@ -59,11 +59,16 @@ RowLayout PayloadRowLayout(Payload payload, int64_t q_heads, int64_t kv_heads, i
       break;
     case Payload::kGradQkvHeads:
       row.Add(T::kDq, kS, true, q_heads, d, dtype);
-      row.Add(T::kDk, kS, false, kv_heads, d, dtype);
-      row.Add(T::kDv, kS, false, kv_heads, d, dtype);
+      row.Add(T::kDk, kF, false, kv_heads, d, dtype);
+      row.Add(T::kDv, kF, false, kv_heads, d, dtype);
       break;
   }
   return row;
+}
+
+int64_t ReturnBytesRatio(DType dtype) {
+  return PayloadRowBytes(Payload::kGradKv, 0, 1, 1, dtype) /
+         PayloadRowBytes(Payload::kKv, 0, 1, 1, dtype);
 }
 
 int64_t PayloadRowBytes(Payload payload, int64_t q_heads, int64_t kv_heads, int32_t head_dim,

@@ -10,11 +10,16 @@
 //
 //   payload          fields (q: the transfer's q heads, kv: its kv heads)
 //   kKv              K(kv), V(kv)                      storage
-//   kGradKv          dK(kv), dV(kv)                    storage (partials the owner adds)
+//   kGradKv          dK(kv), dV(kv)                    fp32 (partials the owner adds)
 //   kQkvHeads        Q(q), K(kv), V(kv)                storage
 //   kOutLseHeads     O(q) storage, LSE(q) fp32
 //   kBwdHeads        Q(q), O(q), dO(q), K(kv), V(kv) storage, LSE(q) fp32
-//   kGradQkvHeads    dQ(q), dK(kv), dV(kv)             storage
+//   kGradQkvHeads    dQ(q) storage; dK(kv), dV(kv) fp32 (a kv head shared by
+//                    two slots gets partials from both, which the owner adds)
+//
+// Partial results that are summed across ranks or head slots travel in fp32
+// and are rounded once, by their owner, to the storage dtype: the sum is
+// what one device would give.
 //
 // Example:
 //   const RowLayout row = PayloadRowLayout(Payload::kKv, 0, kv_heads, D, dtype);
@@ -33,7 +38,7 @@ namespace hsap::plan {
 // What each row of a transfer carries (layouts above).
 enum class Payload : uint8_t {
   kKv = 0,             // K and V of the slot's kv heads
-  kGradKv = 1,         // dK and dV partials, to be added by the owner
+  kGradKv = 1,         // dK and dV partials (fp32), to be added by the owner
   kQkvHeads = 2,       // forward head scatter: Q, K, V of the receiver's heads
   kOutLseHeads = 3,    // forward head gather: O and LSE (fp32) of the sender's heads
   kBwdHeads = 4,       // backward head scatter: Q, K, V, O, dO, LSE of the receiver's heads
@@ -78,6 +83,10 @@ class RowLayout {
 // `kv_heads` kv heads of dimension `head_dim`, storage `dtype`.
 RowLayout PayloadRowLayout(Payload payload, int64_t q_heads, int64_t kv_heads, int32_t head_dim,
                            DType dtype);
+
+// Bytes of a kGradKv row over bytes of the kKv row it returns for: 4 /
+// size of `dtype` (1 for fp32, 2 for bf16 and fp16).
+int64_t ReturnBytesRatio(DType dtype);
 
 // PayloadRowLayout(...).row_bytes().
 int64_t PayloadRowBytes(Payload payload, int64_t q_heads, int64_t kv_heads, int32_t head_dim,
