@@ -1,23 +1,27 @@
 // Work-item scheduling for the CPU attention kernels (attention.h).
 //
-// Forward: one task per (item, query head, block of kBlockQ rows); each task
-// computes its tile's partial (O, LSE) privately and merges it row by row
-// into the accumulators under RowLocks, so items that share accumulator
-// rows (several key ranges for the same queries) never race.
+// Forward: one task per (item, query head, block of kBlockQ rows). Backward
+// (FlashAttention-2 order): one task per (item, query head, block of
+// kBwdBlockK keys, chunk of at most kBwdChunkRows of the query rows that see
+// them). A task computes its tile into private buffers.
 //
-// Backward (FlashAttention-2 order): one task per (item, query head, block of
-// kBwdBlockK keys). A task owns its key block's dK/dV while it runs and adds
-// them once at the end; dQ contributions of each (key block, query block)
-// pair are added under RowLocks. GQA query heads of one KV head are separate
-// tasks that add into the same dK/dV rows, so K/V are never repeated.
+// Determinism: tasks are put in one canonical order (grouped by KV head for
+// cache locality, largest first within a head so the waves stay balanced)
+// and run in waves of a fixed number of tasks: the tiles of a wave are
+// computed in parallel, then merged into the accumulators one task after
+// another in that order. Every accumulator element therefore receives its
+// contributions in the same order whatever the number of threads, and the
+// result is bitwise the same on every run.
 //
-// Tasks are grouped by KV head (cache locality) and sorted by estimated cost,
-// largest first, within a head; the pool hands them out dynamically, which
-// keeps the causal triangle balanced.
+// Non-finite inputs: an item whose Q, K, V (backward also dO, Delta, LSE)
+// are not all finite runs on the exact tiles (exact_tiles.cc), which touch
+// allowed pairs only, in float64.
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -28,6 +32,20 @@ namespace {
 
 using internal::kBwdBlockK;
 using internal::kBlockQ;
+
+// Waves hold at most this many tasks, and (beyond their first task) at most
+// this many allowed pairs: constants, so the merge order never depends on
+// the pool, and small enough that a wave takes a few milliseconds — the
+// quantum at which concurrent calls on one pool take turns (ThreadPool
+// serves callers first come, first served).
+constexpr int64_t kForwardWave = 64;
+constexpr int64_t kBackwardWave = 32;
+constexpr int64_t kWavePairs = int64_t{1} << 21;
+// Keys a forward task streams at most (a longer range is cut into chunks
+// whose partial results merge in order).
+constexpr int64_t kFwdKeyChunk = 4096;
+// Query rows a backward task visits at most (bounds its private dQ buffer).
+constexpr int64_t kBwdChunkRows = 512;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -48,7 +66,91 @@ struct Task {
   int32_t head;
   int64_t block_begin;  // first query row (forward) or key (backward) of the tile
   int64_t cost;         // allowed (q, k) pairs, an upper estimate
+  int64_t row_begin = 0, row_end = 0;  // backward: the query rows visited
+  int64_t key_begin = 0, key_end = 0;  // forward: the key chunk streamed
 };
+
+// Runs `tasks` in waves of at most `wave` tasks and kWavePairs pairs:
+// compute(index, slot) for a wave's tasks in parallel (slot in [0, wave)
+// names the task's private buffers), then merge(index, slot) for each of
+// them in index order. Before each wave `stop` (may be null) is asked
+// whether to go on; returns false when it said stop.
+bool RunInWaves(ThreadPool* pool, const std::vector<Task>& tasks, int64_t wave,
+                const std::function<void(int64_t, int64_t)>& compute,
+                const std::function<void(int64_t, int64_t)>& merge, const StopFn* stop) {
+  const int64_t n = static_cast<int64_t>(tasks.size());
+  for (int64_t first = 0; first < n;) {
+    if (stop != nullptr && *stop && (*stop)()) return false;
+    int64_t count = 1, pairs = tasks[first].cost;
+    while (count < wave && first + count < n && pairs + tasks[first + count].cost <= kWavePairs) {
+      pairs += tasks[first + count].cost;
+      ++count;
+    }
+    RunParallel(pool, count, [&](int64_t slot) { compute(first + slot, slot); });
+    for (int64_t slot = 0; slot < count; ++slot) merge(first + slot, slot);
+    first += count;
+  }
+  return true;
+}
+
+// Whether rows [0, rows) x [0, cols) of a tensor with `row_stride`
+// (elements) hold a NaN, an infinity, or a value of magnitude 2^max_exp or
+// more (whose products could overflow the fast tiles' fp32 arithmetic; fp16
+// cannot hold such values). One compare of the exponent field per element.
+bool HasNonFiniteOrHuge(const void* base, DType dtype, int64_t rows, int64_t row_stride,
+                        int64_t cols, int max_exp) {
+  if (base == nullptr) return false;
+  const uint32_t f32_limit = static_cast<uint32_t>(std::min(255, 127 + max_exp)) << 23;
+  const uint16_t bf16_limit = static_cast<uint16_t>(std::min(255, 127 + max_exp) << 7);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t first = r * row_stride;
+    switch (dtype) {
+      case DType::kFloat32: {
+        const uint32_t* p = static_cast<const uint32_t*>(base) + first;
+        for (int64_t c = 0; c < cols; ++c) {
+          if ((p[c] & 0x7f800000u) >= f32_limit) return true;
+        }
+        break;
+      }
+      case DType::kBFloat16: {
+        const uint16_t* p = static_cast<const uint16_t*>(base) + first;
+        for (int64_t c = 0; c < cols; ++c) {
+          if ((p[c] & 0x7f80u) >= bf16_limit) return true;
+        }
+        break;
+      }
+      case DType::kFloat16: {
+        const uint16_t* p = static_cast<const uint16_t*>(base) + first;
+        for (int64_t c = 0; c < cols; ++c) {
+          if ((p[c] & 0x7c00u) == 0x7c00u) return true;
+        }
+        break;
+      }
+    }
+  }
+  return false;
+}
+
+// Magnitude bounds of the fast tiles: forward |q|, |k|, |v| < 2^56 keeps
+// every logit (at most D * 2^112 <= 2^120) and accumulation finite in fp32;
+// backward, where three such factors meet (dS * q, rows summed), 2^30.
+constexpr int kForwardMaxExp = 56;
+constexpr int kBackwardMaxExp = 30;
+
+// LSE or Delta columns [0, n) of `heads` heads holding a NaN, a +inf, or
+// (when `any_infinity`) a -inf.
+bool HasBadFloats(const float* base, int heads, int64_t stride, int64_t n, bool any_infinity) {
+  for (int h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = base[h * stride + i];
+      if (std::isnan(x) || x == std::numeric_limits<float>::infinity() ||
+          (any_infinity && std::isinf(x))) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
 
 // Tasks of one KV head run together (their K/V, or Q/dO, stay in the
 // last-level cache instead of streaming every head's data at once); within a
@@ -153,9 +255,11 @@ void RowsSeeingKeys(MaskType type, int64_t offset, int64_t window, int64_t num_q
 
 }  // namespace internal
 
-void Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, ThreadPool* pool) {
+bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, ThreadPool* pool,
+             const StopFn* stop) {
   const int Hq = shape.num_heads_q, Hkv = shape.num_heads_kv, D = shape.head_dim;
   const int group = Hq / Hkv;
+  const int64_t o_row_stride = static_cast<int64_t>(Hq) * D;
   std::vector<Task> tasks;
   for (size_t n = 0; n < items.size(); ++n) {
     const FwdWorkItem& it = items[n];
@@ -164,55 +268,82 @@ void Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
       int64_t k0, k1;
       internal::KeysSeenByRows(it.type, it.offset, it.window, it.num_k, r0, r1, &k0, &k1);
       if (k0 >= k1) continue;  // these rows see nothing: accumulators stay as they are
-      for (int h = 0; h < Hq; ++h) {
-        tasks.push_back({static_cast<int32_t>(n), h, r0, (r1 - r0) * (k1 - k0)});
+      for (int64_t c0 = k0; c0 < k1; c0 += kFwdKeyChunk) {
+        const int64_t c1 = std::min(k1, c0 + kFwdKeyChunk);
+        for (int h = 0; h < Hq; ++h) {
+          Task t{static_cast<int32_t>(n), h, r0, (r1 - r0) * (c1 - c0)};
+          t.key_begin = c0;
+          t.key_end = c1;
+          tasks.push_back(t);
+        }
       }
     }
   }
   SortForLocalityAndBalance(&tasks, group);
-  internal::RowLocks locks;
-  const int64_t o_row_stride = static_cast<int64_t>(Hq) * D;
-  RunParallel(pool, static_cast<int64_t>(tasks.size()), [&](int64_t index) {
+  // Items whose inputs are not all finite, or large enough to overflow fp32
+  // products, run on the exact (float64) tiles.
+  std::vector<char> exact(items.size(), 0);
+  RunParallel(pool, static_cast<int64_t>(items.size()), [&](int64_t n) {
+    const FwdWorkItem& it = items[n];
+    const int64_t q_stride = it.q_row_stride > 0 ? it.q_row_stride : o_row_stride;
+    const int64_t kv_stride = it.kv_row_stride > 0 ? it.kv_row_stride : int64_t{Hkv} * D;
+    const int e = kForwardMaxExp;
+    exact[n] = HasNonFiniteOrHuge(it.q, shape.dtype, it.num_q, q_stride, int64_t{Hq} * D, e) ||
+               HasNonFiniteOrHuge(it.k, shape.dtype, it.num_k, kv_stride, int64_t{Hkv} * D, e) ||
+               HasNonFiniteOrHuge(it.v, shape.dtype, it.num_k, kv_stride, int64_t{Hkv} * D, e);
+  });
+  const int64_t wave = std::min<int64_t>(kForwardWave, std::max<size_t>(tasks.size(), 1));
+  std::vector<float> o(static_cast<size_t>(wave) * kBlockQ * D), lse(wave * kBlockQ);
+  std::vector<char> saw(wave, 0);
+  std::vector<int> rows(wave, 0);
+  auto compute = [&](int64_t index, int64_t slot) {
     const Task& task = tasks[index];
     const FwdWorkItem& it = items[task.item];
     const int h = task.head, kv_head = h / group;
     const int64_t q_stride = it.q_row_stride > 0 ? it.q_row_stride : o_row_stride;
     const int64_t kv_stride = it.kv_row_stride > 0 ? it.kv_row_stride : int64_t{Hkv} * D;
-    thread_local std::vector<float> o, lse;
-    o.resize(static_cast<size_t>(kBlockQ) * D);
-    lse.resize(kBlockQ);
     internal::FwdTile tile;
+    // The key chunk [key_begin, key_end) as an item of its own: rows and
+    // pointers shifted, the causal diagonal moved with them.
     tile.q = At(it.q, task.block_begin * q_stride + int64_t{h} * D, shape.dtype);
-    tile.k = At(it.k, int64_t{kv_head} * D, shape.dtype);
-    tile.v = At(it.v, int64_t{kv_head} * D, shape.dtype);
+    tile.k = At(it.k, task.key_begin * kv_stride + int64_t{kv_head} * D, shape.dtype);
+    tile.v = At(it.v, task.key_begin * kv_stride + int64_t{kv_head} * D, shape.dtype);
     tile.q_row_stride = q_stride;
     tile.kv_row_stride = kv_stride;
     tile.num_rows = static_cast<int>(std::min<int64_t>(kBlockQ, it.num_q - task.block_begin));
     tile.first_row = task.block_begin;
-    tile.num_k = it.num_k;
+    tile.num_k = task.key_end - task.key_begin;
     tile.type = it.type;
-    tile.offset = it.offset;
+    tile.offset = it.offset - task.key_begin;
     tile.window = it.window;
     tile.head_dim = D;
     tile.dtype = shape.dtype;
     tile.softmax_scale = shape.softmax_scale;
-    tile.o = o.data();
-    tile.lse = lse.data();
-    if (!internal::ForwardTile(tile)) return;
-    for (int i = 0; i < tile.num_rows; ++i) {
+    tile.o = o.data() + slot * kBlockQ * D;
+    tile.lse = lse.data() + slot * kBlockQ;
+    rows[slot] = tile.num_rows;
+    saw[slot] = exact[task.item] ? internal::ExactForwardTile(tile) : internal::ForwardTile(tile);
+  };
+  auto merge = [&](int64_t index, int64_t slot) {
+    if (!saw[slot]) return;
+    const Task& task = tasks[index];
+    const FwdWorkItem& it = items[task.item];
+    const int h = task.head;
+    for (int i = 0; i < rows[slot]; ++i) {
       const int64_t row = task.block_begin + i;
-      float* o_acc = it.o_acc + row * o_row_stride + int64_t{h} * D;
-      float* lse_acc = it.lse_acc + int64_t{h} * it.lse_stride + row;
-      std::lock_guard<std::mutex> lock(locks.For(o_acc));
-      internal::MergeRow(D, o_acc, lse_acc, o.data() + int64_t{i} * D, lse[i]);
+      internal::MergeRow(D, it.o_acc + row * o_row_stride + int64_t{h} * D,
+                         it.lse_acc + int64_t{h} * it.lse_stride + row,
+                         o.data() + (slot * kBlockQ + i) * D, lse[slot * kBlockQ + i]);
     }
-  });
+  };
+  return RunInWaves(pool, tasks, wave, compute, merge, stop);
 }
 
-void Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
-              ThreadPool* pool) {
+bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
+              ThreadPool* pool, const StopFn* stop) {
   const int Hq = shape.num_heads_q, Hkv = shape.num_heads_kv, D = shape.head_dim;
   const int group = Hq / Hkv;
+  const int64_t q_row = static_cast<int64_t>(Hq) * D, kv_row = static_cast<int64_t>(Hkv) * D;
   std::vector<Task> tasks;
   for (size_t n = 0; n < items.size(); ++n) {
     const BwdWorkItem& it = items[n];
@@ -222,54 +353,81 @@ void Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
       internal::RowsSeeingKeys(it.type, it.offset, it.window, it.num_q, it.num_k, k0, k1, &r0,
                                &r1);
       if (r0 >= r1) continue;  // no query sees these keys: no gradient
-      for (int h = 0; h < Hq; ++h) {
-        tasks.push_back({static_cast<int32_t>(n), h, k0, (r1 - r0) * (k1 - k0)});
+      for (int64_t c0 = r0; c0 < r1; c0 += kBwdChunkRows) {
+        const int64_t c1 = std::min(r1, c0 + kBwdChunkRows);
+        for (int h = 0; h < Hq; ++h) {
+          Task t{static_cast<int32_t>(n), h, k0, (c1 - c0) * (k1 - k0)};
+          t.row_begin = c0;
+          t.row_end = c1;
+          tasks.push_back(t);
+        }
       }
     }
   }
   SortForLocalityAndBalance(&tasks, group);
-  internal::RowLocks locks;
-  const int64_t q_row = static_cast<int64_t>(Hq) * D, kv_row = static_cast<int64_t>(Hkv) * D;
-  RunParallel(pool, static_cast<int64_t>(tasks.size()), [&](int64_t index) {
+  std::vector<char> exact(items.size(), 0);
+  RunParallel(pool, static_cast<int64_t>(items.size()), [&](int64_t n) {
+    const BwdWorkItem& it = items[n];
+    const int64_t q_stride = it.q_row_stride > 0 ? it.q_row_stride : q_row;
+    const int64_t kv_stride = it.kv_row_stride > 0 ? it.kv_row_stride : kv_row;
+    const int e = kBackwardMaxExp;
+    exact[n] = HasNonFiniteOrHuge(it.q, shape.dtype, it.num_q, q_stride, q_row, e) ||
+               HasNonFiniteOrHuge(it.dout, shape.dtype, it.num_q, q_stride, q_row, e) ||
+               HasNonFiniteOrHuge(it.k, shape.dtype, it.num_k, kv_stride, kv_row, e) ||
+               HasNonFiniteOrHuge(it.v, shape.dtype, it.num_k, kv_stride, kv_row, e) ||
+               HasBadFloats(it.lse, Hq, it.lse_stride, it.num_q, /*any_infinity=*/false) ||
+               HasBadFloats(it.delta, Hq, it.lse_stride, it.num_q, /*any_infinity=*/true);
+  });
+  const int64_t wave = std::min<int64_t>(kBackwardWave, std::max<size_t>(tasks.size(), 1));
+  const size_t kv_floats = static_cast<size_t>(kBwdBlockK) * D;
+  const size_t dq_floats = static_cast<size_t>(kBwdChunkRows) * D;
+  std::vector<float> dk(wave * kv_floats), dv(wave * kv_floats), dq(wave * dq_floats);
+  std::vector<char> saw(wave, 0);
+  std::vector<int> keys(wave, 0);
+  auto compute = [&](int64_t index, int64_t slot) {
     const Task& task = tasks[index];
     const BwdWorkItem& it = items[task.item];
     const int h = task.head, kv_head = h / group;
-    const int64_t q_stride = it.q_row_stride > 0 ? it.q_row_stride : q_row;
-    const int64_t kv_stride = it.kv_row_stride > 0 ? it.kv_row_stride : kv_row;
-    thread_local std::vector<float> dk, dv;
-    dk.resize(static_cast<size_t>(kBwdBlockK) * D);
-    dv.resize(static_cast<size_t>(kBwdBlockK) * D);
     internal::BwdTile tile;
     tile.q = At(it.q, int64_t{h} * D, shape.dtype);
     tile.dout = At(it.dout, int64_t{h} * D, shape.dtype);
     tile.lse = it.lse + int64_t{h} * it.lse_stride;
     tile.delta = it.delta + int64_t{h} * it.lse_stride;
-    tile.q_row_stride = q_stride;
+    tile.q_row_stride = it.q_row_stride > 0 ? it.q_row_stride : q_row;
     tile.k = At(it.k, int64_t{kv_head} * D, shape.dtype);
     tile.v = At(it.v, int64_t{kv_head} * D, shape.dtype);
-    tile.kv_row_stride = kv_stride;
+    tile.kv_row_stride = it.kv_row_stride > 0 ? it.kv_row_stride : kv_row;
     tile.num_q = it.num_q;
     tile.num_k = it.num_k;
     tile.first_key = task.block_begin;
     tile.num_keys = static_cast<int>(std::min<int64_t>(kBwdBlockK, it.num_k - task.block_begin));
+    tile.row_begin = task.row_begin;
+    tile.row_end = task.row_end;
     tile.type = it.type;
     tile.offset = it.offset;
     tile.window = it.window;
     tile.head_dim = D;
     tile.dtype = shape.dtype;
     tile.softmax_scale = shape.softmax_scale;
-    tile.dq_acc = it.dq_acc + int64_t{h} * D;
-    tile.dq_row_stride = q_row;
-    tile.locks = &locks;
-    tile.dk = dk.data();
-    tile.dv = dv.data();
-    if (!internal::BackwardTile(tile)) return;
+    tile.dq = dq.data() + slot * dq_floats;
+    tile.dk = dk.data() + slot * kv_floats;
+    tile.dv = dv.data() + slot * kv_floats;
+    keys[slot] = tile.num_keys;
+    saw[slot] =
+        exact[task.item] ? internal::ExactBackwardTile(tile) : internal::BackwardTile(tile);
+  };
+  auto merge = [&](int64_t index, int64_t slot) {
+    if (!saw[slot]) return;
+    const Task& task = tasks[index];
+    const BwdWorkItem& it = items[task.item];
+    const int h = task.head, kv_head = h / group;
+    internal::AddRows(it.dq_acc + task.row_begin * q_row + int64_t{h} * D, q_row,
+                      dq.data() + slot * dq_floats, D, task.row_end - task.row_begin, D);
     const int64_t first = task.block_begin * kv_row + int64_t{kv_head} * D;
-    internal::AddRowsLocked(&locks, it.dk_acc + first, kv_row, dk.data(), D, tile.num_keys, D,
-                            1.f);
-    internal::AddRowsLocked(&locks, it.dv_acc + first, kv_row, dv.data(), D, tile.num_keys, D,
-                            1.f);
-  });
+    internal::AddRows(it.dk_acc + first, kv_row, dk.data() + slot * kv_floats, D, keys[slot], D);
+    internal::AddRows(it.dv_acc + first, kv_row, dv.data() + slot * kv_floats, D, keys[slot], D);
+  };
+  return RunInWaves(pool, tasks, wave, compute, merge, stop);
 }
 
 void ComputeDelta(const AttentionShape& shape, const void* o, const void* dout,

@@ -12,7 +12,12 @@
 //
 // Numerics: storage fp32/bf16/fp16, accumulation fp32. A query row that sees
 // no key has LSE = -inf and O = 0; merging it with anything is exact and never
-// produces NaN.
+// produces NaN. NaN and infinities in the inputs propagate as in a dense
+// float64 softmax over the allowed pairs (docs/numerics.md): an item whose
+// inputs are not all finite runs on float64 tiles that touch allowed pairs
+// only, so masked-out pairs never contaminate. Results are bitwise
+// deterministic: the same inputs give the same bits whatever the pool's size
+// (accumulators receive their contributions in a fixed order).
 //
 // Example (one rank, packed causal documents):
 //   ThreadPool pool(2);
@@ -23,6 +28,7 @@
 #define HSAP_KERNELS_CPU_ATTENTION_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/types/span.h"
 #include "common/dtype.h"
@@ -40,15 +46,23 @@ using ::hsap::kernels::BwdWorkItem;
 using ::hsap::kernels::FwdWorkItem;
 
 // Runs `items` in parallel on `pool` (nullptr: calling thread only). Items
-// may write the same accumulator rows; the result then equals merging them
-// one after another (up to fp32 rounding). Never materialises the full score
-// matrix: online softmax over key blocks (FlashAttention-2).
+// may write the same accumulator rows; the result is merging them one after
+// another in a fixed order (the same on every run). Never materialises the
+// full score matrix: online softmax over key blocks (FlashAttention-2).
 // REQUIRES: shape validated; every item's ranges inside its buffers.
-void Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, ThreadPool* pool);
+//
+// `stop` (may be null) is asked between waves of tiles (a few milliseconds
+// of work each) whether to give up — a passed deadline or a cancelled call;
+// Forward then returns false with the accumulators partly merged.
+using StopFn = std::function<bool()>;
+bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, ThreadPool* pool,
+             const StopFn* stop = nullptr);
 
-// Runs `items` on `pool`. Items may share dq/dk/dv rows; updates to shared
-// rows are not racy and the sum equals the serial sum up to fp32 rounding.
-void Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items, ThreadPool* pool);
+// Runs `items` on `pool`. Items may share dq/dk/dv rows; the sums are formed
+// in a fixed order (the same on every run, whatever the pool).
+// `stop` as for Forward.
+bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items, ThreadPool* pool,
+              const StopFn* stop = nullptr);
 
 // delta[h * lse_stride + t] = sum_d dout[t, h, d] * o[t, h, d] (fp32),
 // for t in [0, num_tokens).

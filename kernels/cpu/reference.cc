@@ -46,8 +46,11 @@ class AllowedKeys {
   std::vector<int64_t> keys_;
 };
 
-// Softmax probabilities of one (row, head) over `keys`, and the LSE.
-// Returns -inf and leaves `p` empty when there are no keys.
+// Softmax probabilities of one (row, head) over `keys`, and the LSE, in the
+// plain float64 arithmetic whose NaN and infinity rules the kernels follow:
+// a NaN score, or a +inf one (exp(inf - inf)), gives NaN probabilities.
+// Returns -inf and leaves `p` empty when there are no keys, and when every
+// score is -inf (the row then adds nothing, like a masked row).
 double RowSoftmax(const AttentionShape& shape, const std::vector<double>& q,
                   const std::vector<double>& k, int64_t row, int head,
                   const std::vector<int64_t>& keys, std::vector<double>* p) {
@@ -57,12 +60,18 @@ double RowSoftmax(const AttentionShape& shape, const std::vector<double>& q,
   if (keys.empty()) return -std::numeric_limits<double>::infinity();
   const double* qr = &q[(row * Hq + head) * static_cast<int64_t>(D)];
   double max_score = -std::numeric_limits<double>::infinity();
+  bool nan = false;
   for (size_t n = 0; n < keys.size(); ++n) {
     const double* kr = &k[(keys[n] * Hkv + kv_head) * static_cast<int64_t>(D)];
     double dot = 0;
     for (int d = 0; d < D; ++d) dot += qr[d] * kr[d];
     (*p)[n] = dot * static_cast<double>(shape.softmax_scale);
+    nan |= std::isnan((*p)[n]);
     max_score = std::max(max_score, (*p)[n]);
+  }
+  if (!nan && max_score == -std::numeric_limits<double>::infinity()) {
+    p->clear();
+    return max_score;
   }
   double sum = 0;
   for (double& x : *p) sum += (x = std::exp(x - max_score));
@@ -95,7 +104,7 @@ void ReferenceForward(const AttentionShape& shape, const void* q, const void* k,
       const int kv_head = h / (Hq / Hkv);
       (*lse)[h * num_q + i] = RowSoftmax(shape, qd, kd, i, h, keys, &p);
       double* orow = &(*o)[(i * Hq + h) * static_cast<int64_t>(D)];
-      for (size_t n = 0; n < keys.size(); ++n) {
+      for (size_t n = 0; n < p.size(); ++n) {
         const double* vr = &vd[(keys[n] * Hkv + kv_head) * static_cast<int64_t>(D)];
         for (int d = 0; d < D; ++d) orow[d] += p[n] * vr[d];
       }
@@ -142,6 +151,7 @@ void BackwardImpl(const AttentionShape& shape, const void* q, const void* k, con
     for (int h = 0; h < Hq; ++h) {
       const int kv_head = h / (Hq / Hkv);
       RowSoftmax(shape, qd, kd, i, h, keys, &p);
+      if (p.empty()) continue;  // every score -inf: the row adds nothing
       const int64_t qoff = (i * Hq + h) * static_cast<int64_t>(D);
       const double* dorow = &dod[qoff];
       // dP_j = dO_i . V_j; Delta = sum_j P_j dP_j (= rowsum(dO * O) exactly).

@@ -3,6 +3,9 @@
 //
 // Inputs are read from storage of `shape.dtype` and widened to double, so a
 // bf16/fp16 reference is "the exact answer on the same rounded inputs".
+// NaN and infinities follow plain float64 arithmetic (a NaN or +inf score
+// makes its row NaN; 0 * inf is NaN), except that a row whose allowed scores
+// are all -inf adds nothing, as a masked row (docs/numerics.md).
 #ifndef HSAP_KERNELS_CPU_REFERENCE_H_
 #define HSAP_KERNELS_CPU_REFERENCE_H_
 

@@ -198,21 +198,19 @@ void PrefetchRows(const void* base, DType dtype, int64_t first, int64_t n, int64
   }
 }
 
-// AddRowsLocked (tile_kernels.h), vectorised.
-void AddRowsLockedImpl(RowLocks* locks, float* dst, int64_t dst_row_stride, const float* src,
-                       int64_t src_row_stride, int64_t rows, int cols, float factor) {
+// AddRows (tile_kernels.h), vectorised.
+void AddRowsImpl(float* dst, int64_t dst_row_stride, const float* src, int64_t src_row_stride,
+                 int64_t rows, int cols) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
-  const VF f = hn::Set(d, factor);
   for (int64_t r = 0; r < rows; ++r) {
     float* out = dst + r * dst_row_stride;
     const float* in = src + r * src_row_stride;
-    std::lock_guard<std::mutex> lock(locks->For(out));
     int c = 0;
     for (; c + N <= cols; c += N) {
-      hn::StoreU(hn::MulAdd(f, hn::LoadU(d, in + c), hn::LoadU(d, out + c)), d, out + c);
+      hn::StoreU(hn::Add(hn::LoadU(d, in + c), hn::LoadU(d, out + c)), d, out + c);
     }
-    for (; c < cols; ++c) out[c] += factor * in[c];
+    for (; c < cols; ++c) out[c] += in[c];
   }
 }
 
@@ -378,8 +376,7 @@ bool BackwardTileImpl(const BwdTile& t) {
   const int nk = t.num_keys;
   const int64_t kb0 = t.first_key, kb1 = kb0 + nk;
 
-  int64_t row_begin, row_end;
-  RowsSeeingKeys(t.type, t.offset, t.window, t.num_q, t.num_k, kb0, kb1, &row_begin, &row_end);
+  const int64_t row_begin = t.row_begin, row_end = t.row_end;
   if (row_begin >= row_end) return false;
 
   thread_local Scratch scratch;
@@ -469,8 +466,10 @@ bool BackwardTileImpl(const BwdTile& t) {
     Gemm<kAccumulate>(nk, Dp, rows, p, 1, BK, dor, Dp, dv, Dp);
     Gemm<kAccumulate>(nk, Dp, rows, ds, 1, BK, qs, Dp, dk, Dp);
     Gemm<kOverwrite>(rows, Dp, nk, ds, BK, 1, kr, Dp, dqb, Dp);
-    AddRowsLockedImpl(t.locks, t.dq_acc + qb0 * t.dq_row_stride, t.dq_row_stride, dqb, Dp, rows, D,
-                  t.softmax_scale);
+    float* dq = t.dq + (qb0 - row_begin) * D;
+    for (int i = 0; i < rows; ++i) {
+      for (int dd = 0; dd < D; ++dd) dq[i * D + dd] = dqb[i * Dp + dd] * t.softmax_scale;
+    }
   }
 
   // dK = scale * dS^T Q = (scale / c) * dS^T Qs = ln2 * dS^T Qs.
@@ -496,12 +495,11 @@ HWY_EXPORT(ForwardTileImpl);
 HWY_EXPORT(BackwardTileImpl);
 HWY_EXPORT(ConvertImpl);
 HWY_EXPORT(TargetNameImpl);
-HWY_EXPORT(AddRowsLockedImpl);
+HWY_EXPORT(AddRowsImpl);
 
-void AddRowsLocked(RowLocks* locks, float* dst, int64_t dst_row_stride, const float* src,
-                   int64_t src_row_stride, int64_t rows, int cols, float factor) {
-  HWY_DYNAMIC_DISPATCH(AddRowsLockedImpl)(locks, dst, dst_row_stride, src, src_row_stride, rows,
-                                          cols, factor);
+void AddRows(float* dst, int64_t dst_row_stride, const float* src, int64_t src_row_stride,
+             int64_t rows, int cols) {
+  HWY_DYNAMIC_DISPATCH(AddRowsImpl)(dst, dst_row_stride, src, src_row_stride, rows, cols);
 }
 
 bool ForwardTile(const FwdTile& tile) { return HWY_DYNAMIC_DISPATCH(ForwardTileImpl)(tile); }

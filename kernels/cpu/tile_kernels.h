@@ -5,16 +5,17 @@
 // rows): it streams the key range those rows can see in blocks of kBlockK
 // keys with an online softmax (FlashAttention-2) and returns the normalised
 // partial O and its LSE. A *backward tile* is one (work item, query head,
-// block of kBlockK keys): it visits every query block that sees one of its
-// keys, returns that block's dK/dV and adds dQ into the shared accumulator
-// under RowLocks. Both are compiled once per SIMD target (Highway) and chosen
-// at run time (tile_kernels.cc). Nothing here is part of the public API.
+// block of kBwdBlockK keys, chunk of the query rows that see them): it visits
+// the chunk's query blocks and returns the key block's dK/dV and the chunk's
+// dQ, all into private buffers; the scheduler (attention.cc) adds them to the
+// accumulators in a fixed order. Both are compiled once per SIMD target
+// (Highway) and chosen at run time (tile_kernels.cc); the exact tiles
+// (exact_tiles.cc) compute the same outputs in float64 with IEEE semantics
+// for inputs that are not all finite. Nothing here is part of the public API.
 #ifndef HSAP_KERNELS_CPU_TILE_KERNELS_H_
 #define HSAP_KERNELS_CPU_TILE_KERNELS_H_
 
 #include <cstdint>
-#include <memory>
-#include <mutex>
 
 #include "common/dtype.h"
 #include "common/mask.h"
@@ -33,31 +34,14 @@ inline constexpr int kBlockK = 64;
 inline constexpr int kBwdBlockQ = 64;
 inline constexpr int kBwdBlockK = 128;
 
-// Striped mutexes guarding accumulator rows that several tasks may update.
-// The stripe is chosen by the address of the row, so two tasks touching the
-// same memory always take the same lock. A task holds one lock at a time.
-class RowLocks {
- public:
-  RowLocks() : locks_(new std::mutex[kStripes]) {}
-  std::mutex& For(const void* row) {
-    const auto key = reinterpret_cast<uintptr_t>(row) / sizeof(float);
-    return locks_[(key * 0x9E3779B97F4A7C15ull) >> (64 - kStripeBits)];
-  }
-
- private:
-  static constexpr int kStripeBits = 10;
-  static constexpr int kStripes = 1 << kStripeBits;
-  std::unique_ptr<std::mutex[]> locks_;
-};
-
-// dst[r * dst_row_stride + c] += factor * src[r * src_row_stride + c] for
-// r < rows, c < cols, each row under its lock.
-void AddRowsLocked(RowLocks* locks, float* dst, int64_t dst_row_stride, const float* src,
-                   int64_t src_row_stride, int64_t rows, int cols, float factor);
-
 // Merges one row of a partial result (o_b: [dim], lse_b) into (o_a, *lse_a);
 // see MergePartial in attention.h for the −inf rules.
 void MergeRow(int dim, float* o_a, float* lse_a, const float* o_b, float lse_b);
+
+// dst[r * dst_row_stride + c] += src[r * src_row_stride + c] for r < rows,
+// c < cols.
+void AddRows(float* dst, int64_t dst_row_stride, const float* src, int64_t src_row_stride,
+             int64_t rows, int cols);
 
 // The keys a run of query rows [row_begin, row_end) of a slice-shaped item
 // sees: the union of RowKeyRange over its rows, as [*key_begin, *key_end).
@@ -110,21 +94,29 @@ struct BwdTile {
   int64_t num_k = 0;
   int64_t first_key = 0;  // of this tile's key block within the item
   int num_keys = 0;       // <= kBwdBlockK
+  // The query rows of the item this tile visits: a run of rows that each see
+  // at least one key of the block (RowsSeeingKeys, possibly cut in chunks).
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
   MaskType type = MaskType::kFull;
   int64_t offset = 0;
   int64_t window = -1;
   int head_dim = 0;
   DType dtype = DType::kFloat32;
   float softmax_scale = 0.f;
-  float* dq_acc = nullptr;  // row 0 of the item, at this head; += under locks
-  int64_t dq_row_stride = 0;
-  RowLocks* locks = nullptr;
+  float* dq = nullptr;  // [row_end - row_begin, head_dim] out: dQ of the rows (overwritten)
   float* dk = nullptr;  // [num_keys, head_dim] out (overwritten)
   float* dv = nullptr;  // [num_keys, head_dim] out (overwritten)
 };
 
 // Returns false (and writes nothing) when no query row sees the key block.
 bool BackwardTile(const BwdTile& tile);
+
+// The same tiles in float64, one (query, key) pair at a time, with the NaN
+// and infinity semantics of a dense softmax over the allowed pairs
+// (attention.h); for tiles whose inputs are not all finite. Same contracts.
+bool ExactForwardTile(const FwdTile& tile);
+bool ExactBackwardTile(const BwdTile& tile);
 
 // dst[i] = float(src[first + i]) for i < n.
 void ConvertToFloat(const void* src, DType dtype, int64_t first, int64_t n, float* dst);

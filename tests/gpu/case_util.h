@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -33,6 +34,22 @@ inline void Record(const std::string& key, double ratio) {
   double& w = WorstRatios()[key];
   w = std::max(w, ratio);
 }
+
+// Prints the worst ratios as "<tag> <key> worst_error_over_rounding=..."
+// lines once every test has run (device_check.sh reads them); not a test:
+// register it with ::testing::AddGlobalTestEnvironment.
+class SummaryPrinter : public ::testing::Environment {
+ public:
+  explicit SummaryPrinter(const char* tag) : tag_(tag) {}
+  void TearDown() override {
+    for (const auto& [key, ratio] : WorstRatios()) {
+      std::printf("%s %s worst_error_over_rounding=%.3f tolerance=2\n", tag_, key.c_str(), ratio);
+    }
+  }
+
+ private:
+  const char* tag_;
+};
 
 // As attention_test.cc: returns error / yardstick (0 when the expected
 // values vanish and the actual ones are below the fp32 tolerance).

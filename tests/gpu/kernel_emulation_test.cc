@@ -30,6 +30,7 @@
 #include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/util_kernels.cuh"
 #include "tests/gpu/case_util.h"
+#include "tests/gpu/run_case.h"
 
 namespace hsap {
 namespace {
@@ -47,173 +48,9 @@ using gpu_test::Record;
 using gpu_test::ToGpu;
 using gpu_test::WorstRatios;
 
-template <typename T, int D>
-void EmulateForward(const gpu::AttentionShape& s, const std::vector<gpu::FwdWorkItem>& items) {
-  static_assert(kern::FwdTraits<D>::kSmemBytes <= emu::kSharedBytes);
-  gpu::internal::ForwardPlan plan;
-  ASSERT_TRUE(gpu::internal::PlanForward(s, items, kern::FwdTraits<D>::kBlockQ, &plan).ok());
-  for (size_t w = 0; w + 1 < plan.wave_begin.size(); ++w) {
-    kern::FwdParams p;
-    p.items = plan.items.data();
-    p.tiles = plan.tiles.data() + plan.wave_begin[w];
-    p.num_heads_q = s.num_heads_q;
-    p.group = s.num_heads_q / s.num_heads_kv;
-    p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
-    const int tiles = static_cast<int>(plan.wave_begin[w + 1] - plan.wave_begin[w]);
-    emu::Launch(tiles, s.num_heads_q, kern::kFwdThreads, [&] { kern::ForwardKernel<T, D>(p); });
-  }
-}
-
-template <typename T, int D>
-void EmulateBackward(const gpu::AttentionShape& s, const std::vector<gpu::BwdWorkItem>& items) {
-  static_assert(kern::BwdTraits<D>::kSmemBytes <= emu::kSharedBytes);
-  gpu::internal::BackwardPlan plan;
-  ASSERT_TRUE(gpu::internal::PlanBackward(s, items, kern::kBwdBlockK, &plan).ok());
-  kern::BwdParams p;
-  p.items = plan.items.data();
-  p.tiles = plan.tiles.data();
-  p.num_heads_q = s.num_heads_q;
-  p.num_heads_kv = s.num_heads_kv;
-  p.group = s.num_heads_q / s.num_heads_kv;
-  p.scale = s.softmax_scale;
-  p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
-  emu::Launch(static_cast<int>(plan.tiles.size()), s.num_heads_q, kern::BwdTraits<D>::kThreads,
-              [&] { kern::BackwardKernel<T, D>(p); });
-}
-
-template <typename T>
-void Dispatch(const gpu::AttentionShape& s, const std::vector<gpu::FwdWorkItem>* fwd,
-              const std::vector<gpu::BwdWorkItem>* bwd) {
-  switch (s.head_dim) {
-    case 64: fwd ? EmulateForward<T, 64>(s, *fwd) : EmulateBackward<T, 64>(s, *bwd); break;
-    case 128: fwd ? EmulateForward<T, 128>(s, *fwd) : EmulateBackward<T, 128>(s, *bwd); break;
-    default: fwd ? EmulateForward<T, 256>(s, *fwd) : EmulateBackward<T, 256>(s, *bwd); break;
-  }
-}
-
-void Run(const gpu::AttentionShape& s, const std::vector<gpu::FwdWorkItem>* fwd,
-         const std::vector<gpu::BwdWorkItem>* bwd) {
-  if (s.dtype == DType::kBFloat16) {
-    Dispatch<__nv_bfloat16>(s, fwd, bwd);
-  } else {
-    Dispatch<__half>(s, fwd, bwd);
-  }
-}
-
-std::vector<double> Rounded(const std::vector<float>& v, DType dtype) {
-  std::vector<double> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = RoundThrough(dtype, v[i]);
-  return out;
-}
-
-// kernel_test.cc's RunCase, with host memory and emulated launches.
-void RunCase(const RandomCase& c, bool split_keys, std::mt19937_64* rng) {
-  const cpu::AttentionShape& s = c.shape;
-  const gpu::AttentionShape gs = ToGpu(s);
-  const int Hq = s.num_heads_q, Hkv = s.num_heads_kv, D = s.head_dim;
-  const int64_t q_elems = c.num_q * Hq * D, kv_elems = c.num_k * Hkv * D;
-  TypedBuffer q(s.dtype, q_elems), k(s.dtype, kv_elems), v(s.dtype, kv_elems),
-      dout(s.dtype, q_elems);
-  q.FillRandom(rng, 1.f);
-  k.FillRandom(rng, 1.f);
-  v.FillRandom(rng, 1.f);
-  dout.FillRandom(rng, 1.f);
-  const size_t esz = DTypeSize(s.dtype);
-  std::vector<float> o_acc(q_elems, 0.f), lse(Hq * c.num_q, -INFINITY);
-  const std::vector<MaskSlice> slices = ItemSlices(c, split_keys);
-  auto at = [&](const TypedBuffer& b, int64_t row, int heads) {
-    return static_cast<const uint8_t*>(b.data()) + row * heads * D * esz;
-  };
-  std::vector<gpu::FwdWorkItem> fwd;
-  for (const MaskSlice& m : slices) {
-    gpu::FwdWorkItem it;
-    it.q = at(q, m.q_begin, Hq);
-    it.k = at(k, m.k_begin, Hkv);
-    it.v = at(v, m.k_begin, Hkv);
-    it.num_q = m.num_q();
-    it.num_k = m.num_k();
-    it.type = m.type;
-    it.offset = m.offset;
-    it.window = m.window;
-    it.o_acc = o_acc.data() + m.q_begin * Hq * D;
-    it.lse_acc = lse.data() + m.q_begin;
-    it.lse_stride = c.num_q;
-    fwd.push_back(it);
-  }
-  Run(gs, &fwd, nullptr);
-  if (::testing::Test::HasFatalFailure()) return;
-
-  std::vector<double> ref_o, ref_lse;
-  cpu::ReferenceForward(s, q.data(), k.data(), v.data(), c.num_q, c.num_k, c.slices, &ref_o,
-                        &ref_lse);
-  const std::vector<double> got_o = Rounded(o_acc, s.dtype);
-  const std::string key = std::string(DTypeName(s.dtype)) + " D=" + std::to_string(D);
-  Record("fwd " + key, ExpectClose(got_o, ref_o, s.dtype, "O", c));
-  EXPECT_LE(cpu::MaxRelativeError(std::vector<double>(lse.begin(), lse.end()), ref_lse),
-            kFp32Tolerance)
-      << "LSE of " << c.Describe();
-  for (int h = 0; h < Hq; ++h) {
-    for (int64_t i = 0; i < c.num_q; ++i) {
-      if (!std::isinf(ref_lse[h * c.num_q + i])) continue;
-      ASSERT_EQ(lse[h * c.num_q + i], -INFINITY) << "row " << i << " " << c.Describe();
-      for (int d = 0; d < D; ++d) ASSERT_EQ(got_o[(i * Hq + h) * D + d], 0.0) << c.Describe();
-    }
-  }
-
-  // Backward from O rounded to the dtype; Delta = rowsum(dO * O) in fp32.
-  TypedBuffer o_typed(s.dtype, q_elems);
-  for (int64_t i = 0; i < q_elems; ++i) StoreFromFloat(o_typed.data(), s.dtype, i, o_acc[i]);
-  std::vector<float> delta(Hq * c.num_q, 0.f);
-  for (int64_t t = 0; t < c.num_q; ++t) {
-    for (int h = 0; h < Hq; ++h) {
-      float sum = 0.f;
-      for (int d = 0; d < D; ++d) {
-        const int64_t i = (t * Hq + h) * D + d;
-        sum += LoadAsFloat(o_typed.data(), s.dtype, i) * LoadAsFloat(dout.data(), s.dtype, i);
-      }
-      delta[h * c.num_q + t] = sum;
-    }
-  }
-  std::vector<float> dq(q_elems, 0.f), dk(kv_elems, 0.f), dv(kv_elems, 0.f);
-  std::vector<gpu::BwdWorkItem> bwd;
-  for (size_t i = 0; i < slices.size(); ++i) {
-    const MaskSlice& m = slices[i];
-    gpu::BwdWorkItem it;
-    it.q = fwd[i].q;
-    it.k = fwd[i].k;
-    it.v = fwd[i].v;
-    it.dout = at(dout, m.q_begin, Hq);
-    it.lse = lse.data() + m.q_begin;
-    it.delta = delta.data() + m.q_begin;
-    it.lse_stride = c.num_q;
-    it.num_q = m.num_q();
-    it.num_k = m.num_k();
-    it.type = m.type;
-    it.offset = m.offset;
-    it.window = m.window;
-    it.dq_acc = dq.data() + m.q_begin * Hq * D;
-    it.dk_acc = dk.data() + m.k_begin * Hkv * D;
-    it.dv_acc = dv.data() + m.k_begin * Hkv * D;
-    bwd.push_back(it);
-  }
-  Run(gs, nullptr, &bwd);
-  if (::testing::Test::HasFatalFailure()) return;
-  const std::vector<double> got_dq = Rounded(dq, s.dtype), got_dk = Rounded(dk, s.dtype),
-                            got_dv = Rounded(dv, s.dtype);
-  std::vector<double> ref_dq, ref_dk, ref_dv;
-  cpu::ReferenceBackward(s, q.data(), k.data(), v.data(), dout.data(), c.num_q, c.num_k,
-                         c.slices, &ref_dq, &ref_dk, &ref_dv);
-  double max_dv = 0;
-  for (double x : ref_dv) max_dv = std::max(max_dv, std::fabs(x));
-  ExpectClose(got_dq, ref_dq, s.dtype, "dQ (exact O)", c, 4.0, max_dv);
-  ExpectClose(got_dk, ref_dk, s.dtype, "dK (exact O)", c, 4.0, max_dv);
-  cpu::ReferenceBackwardFromOutput(s, q.data(), k.data(), v.data(), o_typed.data(), dout.data(),
-                                   c.num_q, c.num_k, c.slices, &ref_dq, &ref_dk, &ref_dv);
-  double e = ExpectClose(got_dq, ref_dq, s.dtype, "dQ", c, 2.0, max_dv);
-  e = std::max(e, ExpectClose(got_dk, ref_dk, s.dtype, "dK", c, 2.0, max_dv));
-  e = std::max(e, ExpectClose(got_dv, ref_dv, s.dtype, "dV", c));
-  Record("bwd " + key, e);
-}
+// RunCase (run_case.h) calls the kernels' API, which
+// //kernels/cuda:attention_emulated implements through the emulation.
+using gpu_test::RunCase;
 
 TEST(KernelEmulationTest, RandomCasesMatchFloat64Reference) {
   std::mt19937_64 rng(20261130);
@@ -396,12 +233,8 @@ TEST(KernelEmulationTest, PackUnpackRoundTrips) {
   EXPECT_LE(cpu::MaxRelativeError(std::vector<double>(dst.begin(), dst.end()), want), 1e-6);
 }
 
-TEST(KernelEmulationTest, ZzPrintSummary) {
-  for (const auto& [key, ratio] : WorstRatios()) {
-    std::printf("EMULATION_SUMMARY %s worst_error_over_rounding=%.3f tolerance=2\n", key.c_str(),
-                ratio);
-  }
-}
+const ::testing::Environment* const kSummary =
+    ::testing::AddGlobalTestEnvironment(new gpu_test::SummaryPrinter("EMULATION_SUMMARY"));
 
 }  // namespace
 }  // namespace hsap

@@ -26,6 +26,7 @@
 #include "kernels/cuda/attention.h"
 #include "tests/gpu/case_util.h"
 #include "tests/gpu/device_buffer.h"
+#include "tests/gpu/run_case.h"
 
 namespace hsap {
 namespace {
@@ -44,130 +45,7 @@ using gpu_test::WorstRatios;
 
 std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
-std::vector<double> DeviceTyped(const DeviceBuffer& acc, int64_t n, DType dtype) {
-  if (n == 0) return {};
-  DeviceBuffer typed(n * DTypeSize(dtype));
-  EXPECT_TRUE(gpu::CastFromFloat(acc.as<float>(), n, dtype, typed.get(), nullptr).ok());
-  TypedBuffer host(dtype, n);
-  gpu_test::CudaOrDie(cudaMemcpy(host.data(), typed.get(), typed.bytes(), cudaMemcpyDeviceToHost),
-                      "download");
-  return host.ToDouble();
-}
-
-// Forward and backward of one case on the GPU against the reference.
-void RunCase(const RandomCase& c, bool split_keys, std::mt19937_64* rng) {
-  const cpu::AttentionShape& s = c.shape;
-  const gpu::AttentionShape gs = ToGpu(s);
-  const int Hq = s.num_heads_q, Hkv = s.num_heads_kv, D = s.head_dim;
-  const int64_t q_elems = c.num_q * Hq * D, kv_elems = c.num_k * Hkv * D;
-  TypedBuffer q(s.dtype, q_elems), k(s.dtype, kv_elems), v(s.dtype, kv_elems),
-      dout(s.dtype, q_elems);
-  q.FillRandom(rng, 1.f);
-  k.FillRandom(rng, 1.f);
-  v.FillRandom(rng, 1.f);
-  dout.FillRandom(rng, 1.f);
-  const size_t esz = DTypeSize(s.dtype);
-  DeviceBuffer dq_in = DeviceBuffer::From(q.data(), q_elems * esz);
-  DeviceBuffer dk_in = DeviceBuffer::From(k.data(), kv_elems * esz);
-  DeviceBuffer dv_in = DeviceBuffer::From(v.data(), kv_elems * esz);
-  DeviceBuffer ddo = DeviceBuffer::From(dout.data(), q_elems * esz);
-  DeviceBuffer o_acc = DeviceBuffer::FromVector(std::vector<float>(q_elems, 0.f));
-  DeviceBuffer lse_acc =
-      DeviceBuffer::FromVector(std::vector<float>(Hq * c.num_q, -INFINITY));
-
-  const std::vector<MaskSlice> slices = ItemSlices(c, split_keys);
-  std::vector<gpu::FwdWorkItem> fwd;
-  for (const MaskSlice& m : slices) {
-    gpu::FwdWorkItem it;
-    it.q = dq_in.as<uint8_t>() + m.q_begin * Hq * D * esz;
-    it.k = dk_in.as<uint8_t>() + m.k_begin * Hkv * D * esz;
-    it.v = dv_in.as<uint8_t>() + m.k_begin * Hkv * D * esz;
-    it.num_q = m.num_q();
-    it.num_k = m.num_k();
-    it.type = m.type;
-    it.offset = m.offset;
-    it.window = m.window;
-    it.o_acc = o_acc.as<float>() + m.q_begin * Hq * D;
-    it.lse_acc = lse_acc.as<float>() + m.q_begin;
-    it.lse_stride = c.num_q;
-    fwd.push_back(it);
-  }
-  const absl::Status fwd_status = gpu::Forward(gs, fwd, nullptr);
-  ASSERT_TRUE(fwd_status.ok()) << fwd_status;
-  gpu_test::CudaOrDie(cudaDeviceSynchronize(), "forward");
-
-  std::vector<double> ref_o, ref_lse;
-  cpu::ReferenceForward(s, q.data(), k.data(), v.data(), c.num_q, c.num_k, c.slices, &ref_o,
-                        &ref_lse);
-  const std::vector<double> got_o = DeviceTyped(o_acc, q_elems, s.dtype);
-  const std::vector<float> lse = lse_acc.ToHost<float>();
-  const std::string key = std::string(DTypeName(s.dtype)) + " D=" + std::to_string(D);
-  Record("fwd " + key, ExpectClose(got_o, ref_o, s.dtype, "O", c));
-  EXPECT_LE(cpu::MaxRelativeError(ToDouble(lse), ref_lse), kFp32Tolerance) << "LSE of "
-                                                                           << c.Describe();
-  for (int h = 0; h < Hq; ++h) {
-    for (int64_t i = 0; i < c.num_q; ++i) {
-      if (!std::isinf(ref_lse[h * c.num_q + i])) continue;
-      ASSERT_EQ(lse[h * c.num_q + i], -INFINITY) << "row " << i << " " << c.Describe();
-      for (int d = 0; d < D; ++d) {
-        ASSERT_EQ(got_o[(i * Hq + h) * D + d], 0.0) << c.Describe();
-      }
-    }
-  }
-
-  // Backward from O rounded to the dtype, as a trainer passes it.
-  TypedBuffer o_typed(s.dtype, q_elems);
-  for (int64_t i = 0; i < q_elems; ++i) StoreFromFloat(o_typed.data(), s.dtype, i, got_o[i]);
-  DeviceBuffer d_o = DeviceBuffer::From(o_typed.data(), q_elems * esz);
-  DeviceBuffer delta(Hq * c.num_q * sizeof(float));
-  ASSERT_TRUE(gpu::ComputeDelta(gs, d_o.get(), ddo.get(), c.num_q, delta.as<float>(), c.num_q,
-                                nullptr)
-                  .ok());
-  DeviceBuffer dq_acc = DeviceBuffer::FromVector(std::vector<float>(q_elems, 0.f));
-  DeviceBuffer dk_acc = DeviceBuffer::FromVector(std::vector<float>(kv_elems, 0.f));
-  DeviceBuffer dv_acc = DeviceBuffer::FromVector(std::vector<float>(kv_elems, 0.f));
-  std::vector<gpu::BwdWorkItem> bwd;
-  for (size_t i = 0; i < slices.size(); ++i) {
-    const MaskSlice& m = slices[i];
-    gpu::BwdWorkItem it;
-    it.q = fwd[i].q;
-    it.k = fwd[i].k;
-    it.v = fwd[i].v;
-    it.dout = ddo.as<uint8_t>() + m.q_begin * Hq * D * esz;
-    it.lse = lse_acc.as<float>() + m.q_begin;
-    it.delta = delta.as<float>() + m.q_begin;
-    it.lse_stride = c.num_q;
-    it.num_q = m.num_q();
-    it.num_k = m.num_k();
-    it.type = m.type;
-    it.offset = m.offset;
-    it.window = m.window;
-    it.dq_acc = dq_acc.as<float>() + m.q_begin * Hq * D;
-    it.dk_acc = dk_acc.as<float>() + m.k_begin * Hkv * D;
-    it.dv_acc = dv_acc.as<float>() + m.k_begin * Hkv * D;
-    bwd.push_back(it);
-  }
-  const absl::Status bwd_status = gpu::Backward(gs, bwd, nullptr);
-  ASSERT_TRUE(bwd_status.ok()) << bwd_status;
-  gpu_test::CudaOrDie(cudaDeviceSynchronize(), "backward");
-  const std::vector<double> got_dq = DeviceTyped(dq_acc, q_elems, s.dtype);
-  const std::vector<double> got_dk = DeviceTyped(dk_acc, kv_elems, s.dtype);
-  const std::vector<double> got_dv = DeviceTyped(dv_acc, kv_elems, s.dtype);
-
-  std::vector<double> ref_dq, ref_dk, ref_dv;
-  cpu::ReferenceBackward(s, q.data(), k.data(), v.data(), dout.data(), c.num_q, c.num_k,
-                         c.slices, &ref_dq, &ref_dk, &ref_dv);
-  double max_dv = 0;
-  for (double x : ref_dv) max_dv = std::max(max_dv, std::fabs(x));
-  ExpectClose(got_dq, ref_dq, s.dtype, "dQ (exact O)", c, 4.0, max_dv);
-  ExpectClose(got_dk, ref_dk, s.dtype, "dK (exact O)", c, 4.0, max_dv);
-  cpu::ReferenceBackwardFromOutput(s, q.data(), k.data(), v.data(), o_typed.data(), dout.data(),
-                                   c.num_q, c.num_k, c.slices, &ref_dq, &ref_dk, &ref_dv);
-  double e = ExpectClose(got_dq, ref_dq, s.dtype, "dQ", c, 2.0, max_dv);
-  e = std::max(e, ExpectClose(got_dk, ref_dk, s.dtype, "dK", c, 2.0, max_dv));
-  e = std::max(e, ExpectClose(got_dv, ref_dv, s.dtype, "dV", c));
-  Record("bwd " + key, e);
-}
+using gpu_test::RunCase;
 
 class KernelTest : public ::testing::Test {
  protected:
@@ -295,12 +173,8 @@ TEST_F(KernelTest, MergePartialMatchesCpuMerge) {
 }
 
 // Runs last (gtest runs tests in order of definition): the summary lines.
-TEST_F(KernelTest, ZzPrintSummary) {
-  for (const auto& [key, ratio] : WorstRatios()) {
-    std::printf("KERNEL_TEST_SUMMARY %s worst_error_over_rounding=%.3f tolerance=2\n",
-                key.c_str(), ratio);
-  }
-}
+const ::testing::Environment* const kSummary =
+    ::testing::AddGlobalTestEnvironment(new gpu_test::SummaryPrinter("KERNEL_TEST_SUMMARY"));
 
 }  // namespace
 }  // namespace hsap
