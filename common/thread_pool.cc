@@ -8,14 +8,21 @@
 
 namespace hsap {
 
-// One ParallelFor at a time (call_mu). Indices are handed out through an
+// One ParallelFor at a time, callers served in arrival order (a ticket
+// queue: a caller that waits gets the pool after the job in progress, never
+// after later arrivals — the kernels' fair share between calls). Indices are
+// handed out through an
 // atomic counter, so cheap and expensive indices balance dynamically; the
 // caller works too and then waits until every worker has left the job.
 struct ThreadPool::State {
   int num_threads = 1;
   std::vector<std::thread> workers;
 
-  std::mutex call_mu;  // serialises ParallelFor callers
+  // Serialises ParallelFor callers, first come first served.
+  std::mutex call_mu;
+  std::condition_variable call_cv;
+  uint64_t next_ticket = 0;  // guarded by call_mu
+  uint64_t serving = 0;      // guarded by call_mu
 
   std::mutex mu;
   std::condition_variable work_cv;  // workers wait here for a new generation
@@ -89,7 +96,21 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  std::lock_guard<std::mutex> call_lock(s.call_mu);
+  {
+    std::unique_lock<std::mutex> call_lock(s.call_mu);
+    const uint64_t ticket = s.next_ticket++;
+    s.call_cv.wait(call_lock, [&] { return s.serving == ticket; });
+  }
+  struct Release {
+    State& s;
+    ~Release() {
+      {
+        std::lock_guard<std::mutex> lock(s.call_mu);
+        ++s.serving;
+      }
+      s.call_cv.notify_all();
+    }
+  } release{s};
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.fn = &fn;

@@ -23,7 +23,7 @@ class ThreadPool {
   // Calls fn(i) for every i in [0, n), spread over the threads, and returns
   // when all calls have returned. Not reentrant: fn must not call
   // ParallelFor on the same pool. Thread-safe: concurrent callers are
-  // serialised.
+  // serialised in the order they arrived (first come, first served).
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 
  private:

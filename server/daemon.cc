@@ -7,12 +7,14 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/version.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/plan/cost_model.h"
 
 namespace hsap {
 
@@ -22,6 +24,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (options.cpu_devices < 1 || options.cpu_devices > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("devices: cpu:", options.cpu_devices, " must name 1 to 1024 CPU slots"));
+  }
+  if (!plan::IsKnownProfile(options.profile)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile '", options.profile, "' is not one of ",
+        absl::StrJoin(plan::HardwareProfileNames(), ", ")));
   }
   std::unique_ptr<Daemon> d(new Daemon(options));
   const int num_nodes = std::max<int>(1, static_cast<int>(options.peers.size()));
@@ -48,14 +55,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   runner.devices_per_node = options.cpu_devices;
   runner.node_rank = num_nodes > 1 ? options.node_rank : 0;
   runner.default_deadline = options.call_deadline;
+  runner.profile = options.profile;
   runner.cluster = d->cluster_node_.get();
   runner.ucx = d->ucx_.get();
   std::vector<std::string> devices;
   for (int i = 0; i < options.cpu_devices; ++i) devices.push_back(absl::StrCat("cpu:", i));
   int plan_threads = options.plan_compile_threads;
   if (plan_threads <= 0) plan_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+  const int64_t budget = options.memory_budget_bytes > 0 ? options.memory_budget_bytes
+                                                         : exec::DefaultMemoryBudgetBytes();
   d->state_ = std::make_unique<DaemonState>(threads, runner, devices, options.region_limits,
-                                            plan_threads);
+                                            plan_threads, budget);
   if (options.metrics_port > 0) {
     metrics::ExposerOptions m;
     m.bind_address = absl::StrCat(options.metrics_host, ":", options.metrics_port);
@@ -65,7 +75,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     d->exposer_->RegisterCollectable(&d->state_->metrics_registry);
   }
   d->state_->limits.max_group_size = num_nodes * options.cpu_devices;
-  d->state_->tcp_token = options.tcp_token;
   if (options.tcp_port > 0 && options.tcp_token.empty()) {
     // Kept working for single-machine tests and trusted networks; see
     // docs/decisions.md ("TCP token").
@@ -85,10 +94,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         });
   }
 
-  d->attention_ = std::make_unique<AttentionService>(d->state_.get());
-  d->regions_ = std::make_unique<RegionsService>(d->state_.get());
-  d->cluster_ = std::make_unique<ClusterService>(d->state_.get());
-  d->plans_ = std::make_unique<PlansService>(&d->state_->plans, options.tcp_token);
+  DaemonState* s = d->state_.get();
+  auto refresh = [s] { s->RefreshGauges(); };
+  d->attention_ = std::make_unique<AttentionService>(
+      AttentionDeps{&s->gate, &s->sessions, &s->regions, &s->limits, &s->runner, &s->metrics,
+                    refresh, options.tcp_token});
+  d->regions_ = std::make_unique<RegionsService>(
+      RegionsDeps{&s->sessions, &s->regions, refresh, options.tcp_token});
+  d->cluster_ = std::make_unique<ClusterService>(
+      ClusterDeps{&s->gate, &s->sessions, d->cluster_node_.get(), s->slots.get(), options.tcp_token});
+  d->plans_ = std::make_unique<PlansService>(&d->state_->plans, options.tcp_token,
+                                             plan::SpecDefaults{options.profile}, s->limits);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

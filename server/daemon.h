@@ -57,6 +57,12 @@ struct DaemonOptions {
   std::string ucx_transports;
   absl::Duration heartbeat_period = absl::Milliseconds(200);
   absl::Duration peer_down_after = absl::Seconds(1);
+  // Call memory (accumulators, stage buffers) all calls together may
+  // reserve; 0: half of the machine's memory (memory_budget.h).
+  int64_t memory_budget_bytes = 0;
+  // The cost model's hardware profile for plans whose request names none:
+  // every Attention call, and Plans requests with an empty profile.
+  std::string profile = "cpu-loopback";
   // Deadline of a call whose request gives none (CallOptions.deadline_ms 0).
   absl::Duration call_deadline = absl::Seconds(60);
   shm::RegionLimits region_limits;

@@ -1,5 +1,6 @@
 // hsapd: the HSAP per-node daemon. Wiring only: flags -> DaemonOptions,
 // signals -> Drain. See README.md and proto/README.md.
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -34,6 +35,13 @@ ABSL_FLAG(int, cpu_threads, 0, "threads for the CPU kernels; 0 = one per core");
 ABSL_FLAG(int, plan_compile_threads, 0,
           "threads compiling one plan (used from 64 ranks; the plan does not depend on it); "
           "0 = one per core, at most 8");
+ABSL_FLAG(int64_t, memory_budget_bytes, 0,
+          "call memory (accumulators, stage buffers) all calls together may hold; a call that "
+          "does not fit is RESOURCE_EXHAUSTED. 0 = half of the machine's memory");
+ABSL_FLAG(std::string, profile, "cpu-loopback",
+          "hardware profile of the cost model for every plan this daemon compiles whose request "
+          "names none (Attention calls; Plans requests with an empty profile): h100, h200, "
+          "cpu-loopback");
 ABSL_FLAG(int, call_deadline_ms, 60000,
           "deadline of a call whose request gives none: every rank must arrive and finish by then");
 ABSL_FLAG(std::vector<std::string>, peers, {},
@@ -57,6 +65,11 @@ bool ParseDevices(const std::string& text, int* cpu) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A call's buffers (MBs) are freed at its end. glibc raises its mmap
+  // threshold after such a free, so later buffers come from the calling
+  // thread's arena, which keeps the pages: resident memory grew 20-30% over
+  // load_test's run. A fixed threshold returns them to the system at free.
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
   absl::SetProgramUsageMessage(
       absl::StrCat("hsapd ", hsap::kVersion, ": exact packed attention as a per-node service"));
   absl::ParseCommandLine(argc, argv);
@@ -78,6 +91,8 @@ int main(int argc, char** argv) {
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.plan_compile_threads = absl::GetFlag(FLAGS_plan_compile_threads);
   options.call_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_call_deadline_ms));
+  options.profile = absl::GetFlag(FLAGS_profile);
+  options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   options.peers = absl::GetFlag(FLAGS_peers);
   options.node_rank = absl::GetFlag(FLAGS_node_rank);
   options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/mask.h"
-#include "hsap/v1/common.pb.h"
-#include "kernels/cpu/attention.h"
+#include "kernels/attention_params.h"
+#include "server/plan/plan_spec.h"
 #include "server/shm/region_registry.h"
 
 namespace hsap {
@@ -27,6 +27,15 @@ struct BoundTensor {
   std::vector<int64_t> shape;
 };
 
+// What the entry-point validation (server/grpc/attention_validation.h)
+// accepts at most.
+struct ValidationLimits {
+  int32_t max_group_size = 1;  // ranks this deployment can serve
+  int64_t max_tokens = int64_t{1} << 31;
+  int64_t max_slices = 1 << 22;
+  int max_heads = 1024;
+};
+
 struct AttentionCall {
   bool backward = false;
   // Collective identity.
@@ -35,11 +44,11 @@ struct AttentionCall {
   int32_t group_size = 1;
   uint64_t call_seq = 0;
   // Options.
-  hsap::v1::Strategy strategy = hsap::v1::STRATEGY_AUTO;
-  hsap::v1::AssignmentPolicy assignment = hsap::v1::ASSIGNMENT_BALANCED;
+  plan::Strategy strategy = plan::Strategy::kAuto;
+  plan::AssignmentPolicy assignment = plan::AssignmentPolicy::kBalanced;
   uint32_t deadline_ms = 0;
   // Shapes and mask.
-  kernels::cpu::AttentionShape shape;
+  kernels::AttentionShape shape;
   int64_t total_tokens = 0;  // T over the whole group
   int64_t local_tokens = 0;  // this rank's rows
   std::vector<int64_t> cu_seqlens;  // empty when the mask came as slices

@@ -39,9 +39,8 @@ plan::PlanSpec SpecForCall(const AttentionCall& call, const plan::Topology& topo
   spec.shape.num_heads_kv = call.shape.num_heads_kv;
   spec.shape.head_dim = call.shape.head_dim;
   spec.shape.dtype = call.shape.dtype;
-  // plan::Strategy / AssignmentPolicy share the proto enums' numbers.
-  spec.strategy = static_cast<plan::Strategy>(call.strategy);
-  spec.assignment = static_cast<plan::AssignmentPolicy>(call.assignment);
+  spec.strategy = call.strategy;
+  spec.assignment = call.assignment;
   spec.profile = profile;
   return spec;
 }
@@ -51,10 +50,11 @@ absl::StatusOr<std::shared_ptr<const plan::Plan>> PlanForCall(const AttentionCal
                                                              const std::string& profile,
                                                              plan::PlanCache* cache,
                                                              bool* cache_hit) {
-  const int64_t hits = cache->Stats().hits;
-  auto p = cache->GetOrCompile(SpecForCall(call, topology, profile));
+  // The compile stops once the caller has gone.
+  const std::function<bool()> stop = call.cancelled;
+  auto p = cache->GetOrCompile(SpecForCall(call, topology, profile), cache_hit,
+                               call.cancelled ? &stop : nullptr);
   if (!p.ok()) return p.status();
-  *cache_hit = cache->Stats().hits > hits;
   const plan::RankPlan& rp = (*p)->ranks[call.rank];
   if (rp.stats.tokens != call.local_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -111,9 +111,8 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
   };
 }
 
-absl::Status RunCall(const AttentionCall& call, const CallRunnerOptions& options,
-                     plan::PlanCache* plans, CallMatcher* matcher, ActiveCalls* active,
-                     exec::DeviceSlots* slots, CallOutcome* outcome) {
+absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
+  const CallRunnerOptions& options = options_;
   auto topology = GroupTopology(call.group_size, options.num_nodes, options.devices_per_node);
   if (!topology.ok()) return topology.status();
   const bool multi_node = topology->num_nodes > 1;
@@ -124,7 +123,7 @@ absl::Status RunCall(const AttentionCall& call, const CallRunnerOptions& options
         (options.node_rank + 1) * options.devices_per_node, ") of a ", call.group_size,
         "-rank group"));
   }
-  auto plan = PlanForCall(call, *topology, options.profile, plans, &outcome->plan_cache_hit);
+  auto plan = PlanForCall(call, *topology, options.profile, plans_, &outcome->plan_cache_hit);
   if (!plan.ok()) return plan.status();
   outcome->plan_key = (*plan)->key.ToHex();
   outcome->strategy = static_cast<int>((*plan)->strategy);
@@ -143,12 +142,12 @@ absl::Status RunCall(const AttentionCall& call, const CallRunnerOptions& options
       call.deadline_ms > 0 ? absl::Milliseconds(call.deadline_ms) : options.default_deadline;
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + budget;
-  auto matched = matcher->Arrive(arrival, deadline);
+  auto matched = matcher_->Arrive(arrival, deadline);
   if (!matched.ok()) return matched.status();
   auto resources = std::static_pointer_cast<CallTransports>((*matched)->resources);
   if (resources == nullptr) return absl::InternalError("the call has no transports");
   if (!resources->setup.ok()) return resources->setup;
-  ActiveCallScope scope(active, CallName(call.group, call.call_seq), resources);
+  ActiveCallScope scope(active_, CallName(call.group, call.call_seq), resources);
   if (multi_node) {
     if (options.cluster == nullptr) {
       return absl::FailedPreconditionError("the group spans several nodes but no cluster is set");
@@ -180,13 +179,14 @@ absl::Status RunCall(const AttentionCall& call, const CallRunnerOptions& options
   // Transports are fresh per call, so the call tag only has to keep stages
   // apart; the low 40 bits of call_seq keep it in ExchangeTag's range.
   const uint64_t tag = call.call_seq & ((uint64_t{1} << 40) - 1);
-  exec::DeviceSlots::Lease lease = slots->Acquire(call.rank - first, local);
+  exec::DeviceSlots::Lease lease = slots_->Acquire(call.rank - first, local);
   outcome->slot = lease.slot();
   absl::Status st = call.backward
                         ? exec::RunBackward(**plan, call.rank, call.shape, b, t, lease.backend(),
-                                            deadline, tag, &outcome->exec)
+                                            deadline, tag, &outcome->exec, call.cancelled)
                         : exec::RunForward(**plan, call.rank, call.shape, b, t, lease.backend(),
-                                           deadline, tag, &outcome->exec);
+                                           deadline, tag, &outcome->exec, call.cancelled);
+  slots_->RecordBusy(lease.slot(), outcome->exec.compute_seconds);
   if (!st.ok()) {
     // Take the call down everywhere at once rather than at the deadline.
     resources->Abort(st);

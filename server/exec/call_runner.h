@@ -1,4 +1,4 @@
-// Runs one rank's validated attention call end to end: the group's topology,
+// Runs one rank's validated attention call end to end (CallRunner::Run): the group's topology,
 // the plan (cache or compile, checked against the rank's tensors), the
 // collective arrival of the group's local ranks (CallMatcher), agreement on
 // the plan key with the other nodes (multi-node groups), then the executor
@@ -8,7 +8,8 @@
 // Failure: a rank whose run fails aborts its call's transports at once (the
 // group's other local ranks stop waiting) and, on a cluster, tells the other
 // nodes (Cluster::AbortCall). A lost node aborts every call in flight
-// (AbortAllCalls), so no rank waits for data that will not come.
+// (ActiveCalls::AbortAll, from the cluster's node-abort callback), so no
+// rank waits for data that will not come.
 #ifndef HSAP_SERVER_EXEC_CALL_RUNNER_H_
 #define HSAP_SERVER_EXEC_CALL_RUNNER_H_
 
@@ -34,7 +35,7 @@ struct CallRunnerOptions {
   int32_t num_nodes = 1;
   int32_t devices_per_node = 1;
   int32_t node_rank = 0;
-  std::string profile = "cpu-loopback";
+  std::string profile = "cpu-loopback";  // DaemonOptions::profile (--profile)
   absl::Duration default_deadline = absl::Seconds(60);
   // Set on a multi-node cluster (both outlive the runner).
   cluster::Cluster* cluster = nullptr;
@@ -70,13 +71,35 @@ class ActiveCalls {
 // local ranks (in-process fabric, or UCX endpoints on a cluster).
 CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options);
 
-// REQUIRES: `call` came from the validation. Errors: the plan's
-// INVALID_ARGUMENT (naming fields), the matcher's (deadline, disagreement,
-// replay), the cluster's (agreement, lost peer), the executor's and
-// transport's (ABORTED, UNAVAILABLE, DEADLINE_EXCEEDED).
-absl::Status RunCall(const AttentionCall& call, const CallRunnerOptions& options,
-                     plan::PlanCache* plans, CallMatcher* matcher, ActiveCalls* active,
-                     exec::DeviceSlots* slots, CallOutcome* outcome);
+// Runs validated calls on this node: what the Attention service needs of
+// the daemon. Every pointer must outlive it. Thread-safe (one call per
+// rank thread).
+class CallRunner {
+ public:
+  CallRunner(CallRunnerOptions options, plan::PlanCache* plans, CallMatcher* matcher,
+             ActiveCalls* active, exec::DeviceSlots* slots)
+      : options_(std::move(options)),
+        plans_(plans),
+        matcher_(matcher),
+        active_(active),
+        slots_(slots) {}
+
+  // REQUIRES: `call` came from the validation. Errors: the plan's
+  // INVALID_ARGUMENT (naming fields), the matcher's (deadline, disagreement,
+  // replay), the cluster's (agreement, lost peer), the executor's and
+  // transport's (ABORTED, UNAVAILABLE, DEADLINE_EXCEEDED).
+  absl::Status Run(const AttentionCall& call, CallOutcome* outcome);
+
+  const CallRunnerOptions& options() const { return options_; }
+  exec::DeviceSlots* slots() const { return slots_; }
+
+ private:
+  const CallRunnerOptions options_;
+  plan::PlanCache* const plans_;
+  CallMatcher* const matcher_;
+  ActiveCalls* const active_;
+  exec::DeviceSlots* const slots_;
+};
 
 }  // namespace hsap
 

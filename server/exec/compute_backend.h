@@ -27,9 +27,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "kernels/attention_params.h"
+#include "server/exec/memory_budget.h"
 
 namespace hsap::exec {
 
@@ -71,6 +74,23 @@ class BackendBuffer {
   std::function<void(void*)> release_;
 };
 
+// When a call's kernels should give up: its deadline passed, or its caller
+// went away (a cancelled gRPC call). Backends ask between blocks of work.
+struct StopCheck {
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;  // may be empty
+  // DEADLINE_EXCEEDED or CANCELLED when the call should stop, else OK.
+  absl::Status Check() const {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError("the caller cancelled the call or went away");
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("the call's deadline passed during its kernels");
+    }
+    return absl::OkStatus();
+  }
+};
+
 // Row copies (kernels/attention_params.h): pack, unpack, upload, download.
 using ::hsap::kernels::CopyOp;
 using ::hsap::kernels::RowCopy;
@@ -99,10 +119,14 @@ class ComputeBackend {
   virtual absl::Status Fill(float* dst, int64_t n, float value) = 0;
 
   // The work items (kernels/attention_params.h); accumulators merge.
+  // `stop` (may be null) is checked between blocks of work: its status
+  // (DEADLINE_EXCEEDED, CANCELLED) ends the call, accumulators partly merged.
   virtual absl::Status Forward(const kernels::AttentionShape& shape,
-                               absl::Span<const kernels::FwdWorkItem> items) = 0;
+                               absl::Span<const kernels::FwdWorkItem> items,
+                               const StopCheck* stop = nullptr) = 0;
   virtual absl::Status Backward(const kernels::AttentionShape& shape,
-                                absl::Span<const kernels::BwdWorkItem> items) = 0;
+                                absl::Span<const kernels::BwdWorkItem> items,
+                                const StopCheck* stop = nullptr) = 0;
   // delta[h * lse_stride + t] = sum_d dout[t, h, d] * o[t, h, d] (fp32) for
   // t < num_tokens; o, dout: [num_tokens, Hq, D] of shape.dtype.
   virtual absl::Status ComputeDelta(const kernels::AttentionShape& shape, const void* o,
@@ -113,6 +137,10 @@ class ComputeBackend {
 
   // Returns once everything queued has completed; the first error it met.
   virtual absl::Status Synchronize() = 0;
+
+  // The budget runs on this backend reserve their memory from before
+  // allocating (memory_budget.h); null: unbounded.
+  virtual MemoryBudget* memory_budget() const { return nullptr; }
 };
 
 }  // namespace hsap::exec

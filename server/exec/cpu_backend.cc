@@ -10,8 +10,10 @@
 
 namespace hsap::exec {
 
-CpuBackend::CpuBackend(int num_threads)
-    : own_pool_(std::make_unique<ThreadPool>(std::max(1, num_threads))), pool_(own_pool_.get()) {}
+CpuBackend::CpuBackend(int num_threads, MemoryBudget* budget)
+    : own_pool_(std::make_unique<ThreadPool>(std::max(1, num_threads))),
+      pool_(own_pool_.get()),
+      budget_(budget) {}
 
 CpuBackend::CpuBackend(ThreadPool* pool) : pool_(pool) {}
 
@@ -63,15 +65,34 @@ absl::Status CpuBackend::Fill(float* dst, int64_t n, float value) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The kernels' stop callback for `stop` (null: never), remembering why.
+kernels::cpu::StopFn StopFnFor(const StopCheck* stop, absl::Status* why) {
+  if (stop == nullptr) return nullptr;
+  return [stop, why] {
+    *why = stop->Check();
+    return !why->ok();
+  };
+}
+
+}  // namespace
+
 absl::Status CpuBackend::Forward(const kernels::AttentionShape& shape,
-                                 absl::Span<const kernels::FwdWorkItem> items) {
-  kernels::cpu::Forward(shape, items, pool_);
+                                 absl::Span<const kernels::FwdWorkItem> items,
+                                 const StopCheck* stop) {
+  absl::Status why;
+  const kernels::cpu::StopFn fn = StopFnFor(stop, &why);
+  if (!kernels::cpu::Forward(shape, items, pool_, &fn)) return why;
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Backward(const kernels::AttentionShape& shape,
-                                  absl::Span<const kernels::BwdWorkItem> items) {
-  kernels::cpu::Backward(shape, items, pool_);
+                                  absl::Span<const kernels::BwdWorkItem> items,
+                                  const StopCheck* stop) {
+  absl::Status why;
+  const kernels::cpu::StopFn fn = StopFnFor(stop, &why);
+  if (!kernels::cpu::Backward(shape, items, pool_, &fn)) return why;
   return absl::OkStatus();
 }
 

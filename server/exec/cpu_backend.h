@@ -16,8 +16,10 @@ namespace hsap::exec {
 
 class CpuBackend : public ComputeBackend {
  public:
-  // A backend with a pool of its own of `num_threads` (>= 1) threads.
-  explicit CpuBackend(int num_threads);
+  // A backend with a pool of its own of `num_threads` (>= 1) threads; runs
+  // on it reserve their memory from `budget` when given (it must outlive
+  // the backend).
+  explicit CpuBackend(int num_threads, MemoryBudget* budget = nullptr);
   // A backend on `pool`, which must outlive it (shared with others: their
   // parallel loops take turns).
   explicit CpuBackend(ThreadPool* pool);
@@ -29,19 +31,23 @@ class CpuBackend : public ComputeBackend {
   absl::Status Copy(absl::Span<const RowCopy> copies) override;
   absl::Status Fill(float* dst, int64_t n, float value) override;
   absl::Status Forward(const kernels::AttentionShape& shape,
-                       absl::Span<const kernels::FwdWorkItem> items) override;
+                       absl::Span<const kernels::FwdWorkItem> items,
+                       const StopCheck* stop = nullptr) override;
   absl::Status Backward(const kernels::AttentionShape& shape,
-                        absl::Span<const kernels::BwdWorkItem> items) override;
+                        absl::Span<const kernels::BwdWorkItem> items,
+                        const StopCheck* stop = nullptr) override;
   absl::Status ComputeDelta(const kernels::AttentionShape& shape, const void* o, const void* dout,
                             int64_t num_tokens, float* delta, int64_t lse_stride) override;
   absl::Status CastFromFloat(const float* src, int64_t n, DType dtype, void* dst) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  MemoryBudget* memory_budget() const override { return budget_; }
 
   ThreadPool* pool() const { return pool_; }
 
  private:
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_;
+  MemoryBudget* budget_ = nullptr;
 };
 
 // Runs `copies` on the calling thread (the CPU backend's Copy; also the

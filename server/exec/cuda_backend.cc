@@ -33,13 +33,18 @@ absl::Status CudaBackend::Fill(float* dst, int64_t n, float value) {
   return kcu::Fill(dst, n, value, stream_);
 }
 
+// The launches are asynchronous: the stop check runs before each is queued.
 absl::Status CudaBackend::Forward(const kernels::AttentionShape& shape,
-                                  absl::Span<const kernels::FwdWorkItem> items) {
+                                  absl::Span<const kernels::FwdWorkItem> items,
+                                  const StopCheck* stop) {
+  if (stop != nullptr) HSAP_RETURN_IF_ERROR(stop->Check());
   return kcu::Forward(shape, items, stream_);
 }
 
 absl::Status CudaBackend::Backward(const kernels::AttentionShape& shape,
-                                   absl::Span<const kernels::BwdWorkItem> items) {
+                                   absl::Span<const kernels::BwdWorkItem> items,
+                                   const StopCheck* stop) {
+  if (stop != nullptr) HSAP_RETURN_IF_ERROR(stop->Check());
   return kcu::Backward(shape, items, stream_);
 }
 

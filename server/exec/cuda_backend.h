@@ -43,9 +43,11 @@ class CudaBackend : public ComputeBackend {
   absl::Status Copy(absl::Span<const RowCopy> copies) override;
   absl::Status Fill(float* dst, int64_t n, float value) override;
   absl::Status Forward(const kernels::AttentionShape& shape,
-                       absl::Span<const kernels::FwdWorkItem> items) override;
+                       absl::Span<const kernels::FwdWorkItem> items,
+                       const StopCheck* stop = nullptr) override;
   absl::Status Backward(const kernels::AttentionShape& shape,
-                        absl::Span<const kernels::BwdWorkItem> items) override;
+                        absl::Span<const kernels::BwdWorkItem> items,
+                        const StopCheck* stop = nullptr) override;
   absl::Status ComputeDelta(const kernels::AttentionShape& shape, const void* o, const void* dout,
                             int64_t num_tokens, float* delta, int64_t lse_stride) override;
   absl::Status CastFromFloat(const float* src, int64_t n, DType dtype, void* dst) override;

@@ -7,13 +7,17 @@ namespace hsap::exec {
 
 DeviceSlots::DeviceSlots(std::vector<std::unique_ptr<ComputeBackend>> backends,
                          std::vector<std::string> names)
-    : backends_(std::move(backends)), names_(std::move(names)), busy_(backends_.size(), 0) {}
+    : backends_(std::move(backends)),
+      names_(std::move(names)),
+      busy_(backends_.size(), 0),
+      busy_seconds_(backends_.size(), 0.0) {}
 
-std::unique_ptr<DeviceSlots> DeviceSlots::Cpu(int slots, int threads_per_slot) {
+std::unique_ptr<DeviceSlots> DeviceSlots::Cpu(int slots, int threads_per_slot,
+                                              MemoryBudget* budget) {
   std::vector<std::unique_ptr<ComputeBackend>> backends;
   std::vector<std::string> names;
   for (int i = 0; i < std::max(1, slots); ++i) {
-    backends.push_back(std::make_unique<CpuBackend>(std::max(1, threads_per_slot)));
+    backends.push_back(std::make_unique<CpuBackend>(std::max(1, threads_per_slot), budget));
     names.push_back(absl::StrCat("cpu:", i));
   }
   return std::make_unique<DeviceSlots>(std::move(backends), std::move(names));
@@ -45,6 +49,16 @@ DeviceSlots::Lease DeviceSlots::Acquire(int local_index, int local_ranks) {
 std::vector<int> DeviceSlots::busy() const {
   absl::MutexLock lock(&mu_);
   return busy_;
+}
+
+void DeviceSlots::RecordBusy(int slot, double seconds) {
+  absl::MutexLock lock(&mu_);
+  if (slot >= 0 && slot < size()) busy_seconds_[slot] += seconds;
+}
+
+std::vector<double> DeviceSlots::busy_seconds() const {
+  absl::MutexLock lock(&mu_);
+  return busy_seconds_;
 }
 
 }  // namespace hsap::exec

@@ -29,8 +29,10 @@ class DeviceSlots {
   // `backends[i]` serves slot i, named `names[i]` ("cpu:0", ...).
   DeviceSlots(std::vector<std::unique_ptr<ComputeBackend>> backends,
               std::vector<std::string> names);
-  // `slots` CPU slots, each with a pool of `threads_per_slot` threads.
-  static std::unique_ptr<DeviceSlots> Cpu(int slots, int threads_per_slot);
+  // `slots` CPU slots, each with a pool of `threads_per_slot` threads, all
+  // reserving call memory from `budget` (may be null; must outlive them).
+  static std::unique_ptr<DeviceSlots> Cpu(int slots, int threads_per_slot,
+                                          MemoryBudget* budget = nullptr);
 
   int size() const { return static_cast<int>(backends_.size()); }
   const std::vector<std::string>& names() const { return names_; }
@@ -56,12 +58,16 @@ class DeviceSlots {
   Lease Acquire(int local_index, int local_ranks);
   // Runs on each slot now (for tests and status pages).
   std::vector<int> busy() const;
+  // Adds `seconds` of kernel time to slot `slot`'s total; the totals.
+  void RecordBusy(int slot, double seconds);
+  std::vector<double> busy_seconds() const;
 
  private:
   std::vector<std::unique_ptr<ComputeBackend>> backends_;
   std::vector<std::string> names_;
   mutable absl::Mutex mu_;
   std::vector<int> busy_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> busy_seconds_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hsap::exec

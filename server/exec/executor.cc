@@ -28,13 +28,15 @@ using plan::WorkItem;
 class RankRun {
  public:
   RankRun(const RankLayout& layout, RankMemory memory, transport::Transport* transport,
-          ComputeBackend* backend, absl::Time deadline, uint64_t call_tag)
+          ComputeBackend* backend, absl::Time deadline, uint64_t call_tag,
+          std::function<bool()> cancelled)
       : l_(layout),
         m_(std::move(memory)),
         transport_(transport),
         backend_(backend),
         deadline_(deadline),
-        call_tag_(call_tag) {}
+        call_tag_(call_tag),
+        stop_{deadline, std::move(cancelled)} {}
 
   absl::Status Run(ExecStats* stats);
 
@@ -64,6 +66,7 @@ class RankRun {
   ComputeBackend* const backend_;
   const absl::Time deadline_;
   const uint64_t call_tag_;
+  const StopCheck stop_;  // the kernels give up on it between blocks
   ExecStats stats_;
   std::vector<RowCopy> copies_;  // scratch
 };
@@ -173,7 +176,7 @@ absl::Status RankRun::RunForwardItems(const SharedList<WorkItem>& items) {
       it.lse_stride = m_.lse_stride;
       list.push_back(it);
     }
-    HSAP_RETURN_IF_ERROR(backend_->Forward(l_.GroupShape(g), list));
+    HSAP_RETURN_IF_ERROR(backend_->Forward(l_.GroupShape(g), list, &stop_));
   }
   stats_.compute_seconds += absl::ToDoubleSeconds(absl::Now() - start);
   return absl::OkStatus();
@@ -213,7 +216,7 @@ absl::Status RankRun::RunBackwardItems(const SharedList<WorkItem>& items) {
       it.dv_acc = (in_recv ? m_.dv_recv : m_.dv_home).At(gint, w.kv_row);
       list.push_back(it);
     }
-    HSAP_RETURN_IF_ERROR(backend_->Backward(l_.GroupShape(g), list));
+    HSAP_RETURN_IF_ERROR(backend_->Backward(l_.GroupShape(g), list, &stop_));
   }
   stats_.compute_seconds += absl::ToDoubleSeconds(absl::Now() - start);
   return absl::OkStatus();
@@ -323,7 +326,8 @@ absl::Status RankRun::Run(ExecStats* stats) {
 absl::Status RunPass(const plan::Plan& plan, int32_t rank, Pass pass,
                      const kernels::AttentionShape& shape, const RankBuffers& buffers,
                      transport::Transport* transport, ComputeBackend* backend,
-                     absl::Time deadline, uint64_t call_tag, ExecStats* stats) {
+                     absl::Time deadline, uint64_t call_tag, ExecStats* stats,
+                     std::function<bool()> cancelled) {
   const int32_t P = plan.spec.topology.num_ranks();
   if (transport == nullptr || transport->size() != P || transport->rank() != rank) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -340,8 +344,17 @@ absl::Status RunPass(const plan::Plan& plan, int32_t rank, Pass pass,
     return absl::InvalidArgumentError(absl::StrCat("call_tag (", call_tag, ") must be < 2^40"));
   }
   HSAP_ASSIGN_OR_RETURN(RankLayout layout, LayoutFor(plan, rank, pass, shape, buffers));
+  // Admission: the run's memory is reserved before any of it is allocated.
+  MemoryBudget::Reservation reserved;
+  if (MemoryBudget* budget = backend->memory_budget()) {
+    const int64_t need = RankMemory::BytesFor(layout, !backend->addresses_host_memory());
+    HSAP_ASSIGN_OR_RETURN(
+        reserved, budget->Reserve(need, absl::StrCat("rank ", rank, "'s ",
+                                                     pass == Pass::kForward ? "forward" : "backward")));
+  }
   HSAP_ASSIGN_OR_RETURN(RankMemory memory, RankMemory::Allocate(layout, buffers, backend));
-  RankRun run(layout, std::move(memory), transport, backend, deadline, call_tag);
+  RankRun run(layout, std::move(memory), transport, backend, deadline, call_tag,
+              std::move(cancelled));
   return run.Run(stats);
 }
 
@@ -355,17 +368,19 @@ uint64_t ExchangeTag(uint64_t call_tag, int pass, int32_t stage, int phase) {
 absl::Status RunForward(const plan::Plan& plan, int32_t rank,
                         const kernels::AttentionShape& shape, const RankBuffers& buffers,
                         transport::Transport* transport, ComputeBackend* backend,
-                        absl::Time deadline, uint64_t call_tag, ExecStats* stats) {
+                        absl::Time deadline, uint64_t call_tag, ExecStats* stats,
+                        std::function<bool()> cancelled) {
   return RunPass(plan, rank, Pass::kForward, shape, buffers, transport, backend, deadline,
-                 call_tag, stats);
+                 call_tag, stats, std::move(cancelled));
 }
 
 absl::Status RunBackward(const plan::Plan& plan, int32_t rank,
                          const kernels::AttentionShape& shape, const RankBuffers& buffers,
                          transport::Transport* transport, ComputeBackend* backend,
-                         absl::Time deadline, uint64_t call_tag, ExecStats* stats) {
+                         absl::Time deadline, uint64_t call_tag, ExecStats* stats,
+                         std::function<bool()> cancelled) {
   return RunPass(plan, rank, Pass::kBackward, shape, buffers, transport, backend, deadline,
-                 call_tag, stats);
+                 call_tag, stats, std::move(cancelled));
 }
 
 }  // namespace hsap::exec

@@ -53,6 +53,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -92,18 +93,22 @@ uint64_t ExchangeTag(uint64_t call_tag, int pass, int32_t stage, int phase);
 // mismatched shape, rank, transport or missing buffer (LayoutFor);
 // FAILED_PRECONDITION for a backend whose memory the transport cannot move;
 // INTERNAL for a plan inconsistent with itself; transport and backend
-// errors as returned by them. `stats` may be null.
+// errors as returned by them. `stats` may be null. The kernels give up within
+// a block of work (a few milliseconds) once `deadline` passes
+// (DEADLINE_EXCEEDED) or `cancelled` (may be empty) returns true (CANCELLED).
 absl::Status RunForward(const plan::Plan& plan, int32_t rank,
                         const kernels::AttentionShape& shape, const RankBuffers& buffers,
                         transport::Transport* transport, ComputeBackend* backend,
-                        absl::Time deadline, uint64_t call_tag, ExecStats* stats);
+                        absl::Time deadline, uint64_t call_tag, ExecStats* stats,
+                        std::function<bool()> cancelled = nullptr);
 
 // Runs rank `rank`'s backward plan: reads q, k, v, o, lse, d_o; writes dq,
 // dk, dv. Same contract as RunForward.
 absl::Status RunBackward(const plan::Plan& plan, int32_t rank,
                          const kernels::AttentionShape& shape, const RankBuffers& buffers,
                          transport::Transport* transport, ComputeBackend* backend,
-                         absl::Time deadline, uint64_t call_tag, ExecStats* stats);
+                         absl::Time deadline, uint64_t call_tag, ExecStats* stats,
+                         std::function<bool()> cancelled = nullptr);
 
 }  // namespace hsap::exec
 

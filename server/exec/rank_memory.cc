@@ -13,6 +13,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 absl::StatusOr<char*> RankMemory::Take(ComputeBackend* backend, int64_t bytes) {
   HSAP_ASSIGN_OR_RETURN(BackendBuffer b, backend->Allocate(bytes));
+  taken_ += bytes;
   char* data = b.data();
   owned_.push_back(std::move(b));
   return data;
@@ -110,6 +111,37 @@ absl::StatusOr<RankMemory> RankMemory::Allocate(const RankLayout& l, const RankB
     m.delta = reinterpret_cast<float*>(delta);
   }
   return m;
+}
+
+int64_t RankMemory::BytesFor(const RankLayout& l, bool staged) {
+  const int64_t es = l.elem_bytes, D = l.shape.head_dim;
+  const int64_t Hq = l.shape.num_heads_q, Hkv = l.shape.num_heads_kv;
+  const int64_t nq = l.num_q_heads, nkv = l.num_kv_heads, n = l.local_rows;
+  const bool bwd = l.backward();
+  int64_t bytes = 0;
+  if (staged) {
+    bytes += n * Hq * D * es * 2 + n * Hkv * D * es * 2 + n * Hq * 4;  // q, o; k, v; lse
+    if (bwd) bytes += n * Hq * D * es * 2 + n * Hkv * D * es * 2;       // d_o, dq; dk, dv
+  }
+  if (l.head_group_size > 1) {
+    const int64_t home = l.home_rows;
+    bytes += home * nq * D * es + home * l.kv_row_elems * es + nq * home * 4;
+    if (bwd) bytes += 2 * home * nq * D * es + 2 * n * Hkv * D * 4;
+  }
+  bytes += l.recv_rows * l.kv_row_elems * es + l.return_bytes + l.send_staging_bytes +
+           l.recv_staging_bytes;
+  int64_t q_width = 0, kv_width = 0;
+  for (int32_t w : l.q_widths) q_width += w;
+  for (int32_t w : l.kv_widths) kv_width += w;
+  if (!bwd) {
+    bytes += l.home_rows * q_width * D * 4;
+  } else {
+    const int64_t lse_stride = l.head_group_size == 1 ? n : l.home_rows;
+    bytes += (l.home_rows * q_width + 2 * l.home_rows * kv_width + 2 * l.recv_rows * kv_width) *
+                 D * 4 +
+             nq * lse_stride * 4;
+  }
+  return bytes;
 }
 
 absl::Status RankMemory::Upload(ComputeBackend* backend) const {

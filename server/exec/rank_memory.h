@@ -50,6 +50,10 @@ class RankMemory {
   // backend when memory is short.
   static absl::StatusOr<RankMemory> Allocate(const RankLayout& layout, const RankBuffers& client,
                                              ComputeBackend* backend);
+  // The bytes Allocate takes for `layout`, without allocating (admission
+  // control, memory_budget.h). `staged`: the backend cannot address host
+  // memory, so the rank's own tensors are copied in.
+  static int64_t BytesFor(const RankLayout& layout, bool staged);
   RankMemory(RankMemory&&) = default;
   RankMemory& operator=(RankMemory&&) = default;
 
@@ -86,6 +90,10 @@ class RankMemory {
   RankBuffers client_;
   bool staged_ = false;  // local views are backend copies
   std::vector<BackendBuffer> owned_;
+  int64_t taken_ = 0;  // bytes allocated (equals BytesFor: tested)
+
+ public:
+  int64_t bytes_taken() const { return taken_; }
 };
 
 }  // namespace hsap::exec

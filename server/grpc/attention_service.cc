@@ -1,4 +1,6 @@
 // Attention calls: validate at the entry, run, report stats.
+#include <new>
+
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "server/exec/call_runner.h"
@@ -13,59 +15,62 @@ namespace hsap {
 namespace {
 
 template <typename Request, typename Validate>
-grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, const Request& request,
+grpc::Status RunCall(const AttentionDeps& deps, const grpc::ServerContext& context, const Request& request,
                      Validate validate, hsap::v1::CallStats* stats);
 
 // Every call, whatever its outcome, is counted in the metrics.
 template <typename Request, typename Validate>
-grpc::Status RunAndRecord(DaemonState* state, const grpc::ServerContext& context,
+grpc::Status RunAndRecord(const AttentionDeps& deps, const grpc::ServerContext& context,
                           const Request& request, Validate validate, metrics::CallOp op,
                           hsap::v1::CallStats* stats) {
   const absl::Time start = absl::Now();
-  state->metrics.AddQueueDepth(1);  // calls in the daemon: waiting for their group or running
-  const grpc::Status st = RunCall(state, context, request, validate, stats);
-  state->metrics.AddQueueDepth(-1);
+  deps.metrics->AddQueueDepth(1);  // calls in the daemon: waiting for their group or running
+  grpc::Status st;
+  // The daemon uses no exceptions, but the standard library's containers
+  // throw when memory runs out; none may escape into gRPC ("UNKNOWN").
+  try {
+    st = RunCall(deps, context, request, validate, stats);
+  } catch (const std::bad_alloc&) {
+    st = ToGrpcStatus(absl::ResourceExhaustedError(
+        "hsapd ran out of memory serving the call (see --memory_budget_bytes)"));
+  }
+  deps.metrics->AddQueueDepth(-1);
   std::string strategy = "other";
   if (st.ok()) {
     strategy = std::string(plan::StrategyName(static_cast<plan::Strategy>(stats->strategy())));
   }
-  state->metrics.RecordCall(op, strategy, static_cast<absl::StatusCode>(st.error_code()),
+  deps.metrics->RecordCall(op, strategy, static_cast<absl::StatusCode>(st.error_code()),
                             absl::ToDoubleSeconds(absl::Now() - start));
-  state->RefreshGauges();
+  deps.refresh_gauges();
   return st;
 }
 
 template <typename Request, typename Validate>
-grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, const Request& request,
+grpc::Status RunCall(const AttentionDeps& deps, const grpc::ServerContext& context, const Request& request,
                      Validate validate, hsap::v1::CallStats* stats) {
   const absl::Time start = absl::Now();
-  absl::Status admitted = state->gate.Enter();
+  absl::Status admitted = deps.gate->Enter();
   if (!admitted.ok()) return ToGrpcStatus(admitted);
-  CallGate::Ticket ticket(&state->gate);
-  absl::StatusOr<uint64_t> session = SessionOf(context, state->sessions);
+  CallGate::Ticket ticket(deps.gate);
+  absl::StatusOr<uint64_t> session = SessionOf(context, *deps.sessions);
   if (!session.ok()) return ToGrpcStatus(session.status());
-  absl::StatusOr<AttentionCall> call = validate(request, *session, &state->regions, state->limits);
+  absl::StatusOr<AttentionCall> call = validate(request, *session, deps.regions, *deps.limits);
   if (!call.ok()) return ToGrpcStatus(call.status());
   call->cancelled = [&context] { return context.IsCancelled(); };
   CallOutcome outcome;
-  absl::Status st =
-      RunCall(*call, state->runner, &state->plans, &state->matcher, &state->active, state->slots.get(),
-              &outcome);
+  absl::Status st = deps.runner->Run(*call, &outcome);
   if (!st.ok()) {
     HSAP_LOG(WARNING) << "call " << call->group << "/" << call->call_seq << " rank " << call->rank
                       << " failed: " << st;
     return ToGrpcStatus(st);
   }
-  state->calls_total.fetch_add(1, std::memory_order_relaxed);
   for (int tier = 0; tier < 2; ++tier) {
     const auto t = static_cast<metrics::LinkTier>(tier);
-    state->metrics.RecordTransfer(metrics::TransferDirection::kSent, t, outcome.exec.sent_bytes[tier]);
-    state->metrics.RecordTransfer(metrics::TransferDirection::kReceived, t,
+    deps.metrics->RecordTransfer(metrics::TransferDirection::kSent, t, outcome.exec.sent_bytes[tier]);
+    deps.metrics->RecordTransfer(metrics::TransferDirection::kReceived, t,
                                   outcome.exec.received_bytes[tier]);
   }
-  state->metrics.RecordDeviceBusy(outcome.slot, outcome.exec.compute_seconds);
-  state->busy_micros.fetch_add(static_cast<uint64_t>(outcome.exec.compute_seconds * 1e6),
-                               std::memory_order_relaxed);
+  deps.metrics->RecordDeviceBusy(outcome.slot, outcome.exec.compute_seconds);
   stats->set_plan_key(outcome.plan_key);
   stats->set_strategy(static_cast<hsap::v1::Strategy>(outcome.strategy));
   stats->set_plan_cache_hit(outcome.plan_cache_hit);
@@ -83,20 +88,20 @@ grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, con
 grpc::Status AttentionService::Forward(grpc::ServerContext* context,
                                        const hsap::v1::AttentionForwardRequest* request,
                                        hsap::v1::AttentionForwardResponse* response) {
-  if (auto caller = AuthorizeCall(*context, state_->tcp_token); !caller.ok()) {
+  if (auto caller = AuthorizeCall(*context, deps_.tcp_token); !caller.ok()) {
     return ToGrpcStatus(caller.status());
   }
-  return RunAndRecord(state_, *context, *request, ValidateForward, metrics::CallOp::kForward,
+  return RunAndRecord(deps_, *context, *request, ValidateForward, metrics::CallOp::kForward,
                       response->mutable_stats());
 }
 
 grpc::Status AttentionService::Backward(grpc::ServerContext* context,
                                         const hsap::v1::AttentionBackwardRequest* request,
                                         hsap::v1::AttentionBackwardResponse* response) {
-  if (auto caller = AuthorizeCall(*context, state_->tcp_token); !caller.ok()) {
+  if (auto caller = AuthorizeCall(*context, deps_.tcp_token); !caller.ok()) {
     return ToGrpcStatus(caller.status());
   }
-  return RunAndRecord(state_, *context, *request, ValidateBackward, metrics::CallOp::kBackward,
+  return RunAndRecord(deps_, *context, *request, ValidateBackward, metrics::CallOp::kBackward,
                       response->mutable_stats());
 }
 

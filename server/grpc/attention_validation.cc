@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "server/plan/plan_proto.h"
 #include "server/plan/plan_spec.h"
 
 namespace hsap {
@@ -18,15 +19,7 @@ std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& shape) {
 }
 
 absl::StatusOr<DType> FloatDType(hsap::v1::DType t, absl::string_view field) {
-  switch (t) {
-    case hsap::v1::DTYPE_FLOAT32: return DType::kFloat32;
-    case hsap::v1::DTYPE_BFLOAT16: return DType::kBFloat16;
-    case hsap::v1::DTYPE_FLOAT16: return DType::kFloat16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".dtype is ", hsap::v1::DType_Name(t),
-                       "; it must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16"));
-  }
+  return plan::DTypeFromProto(t, absl::StrCat(field, ".dtype"));
 }
 
 int ElementSize(hsap::v1::DType t) {
@@ -97,10 +90,9 @@ absl::Status CheckCallId(const hsap::v1::CallId& id, const ValidationLimits& lim
     return absl::InvalidArgumentError("call.call_seq is 0; sequences start at 1");
   }
   if (id.group_size() > limits.max_group_size) {
-    return absl::UnimplementedError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         "call.group_size is ", id.group_size(), " but this daemon serves groups of at most ",
-        limits.max_group_size, " rank(s) (single-rank execution; multi-rank plans run on the "
-        "cluster executor)"));
+        limits.max_group_size, " rank(s) (its cluster's nodes x device slots)"));
   }
   return absl::OkStatus();
 }
@@ -110,16 +102,10 @@ absl::Status CheckOptions(const hsap::v1::CallOptions& o, AttentionCall* call) {
     return absl::InvalidArgumentError(absl::StrCat("options.softmax_scale is ", o.softmax_scale(),
                                                    "; it must be finite and >= 0 (0 = 1/sqrt(D))"));
   }
-  if (!hsap::v1::Strategy_IsValid(o.strategy())) {
-    return absl::InvalidArgumentError(absl::StrCat("options.strategy ", o.strategy(), " is unknown"));
-  }
-  if (!hsap::v1::AssignmentPolicy_IsValid(o.assignment())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("options.assignment ", o.assignment(), " is unknown"));
-  }
-  call->strategy = o.strategy() == hsap::v1::STRATEGY_UNSPECIFIED ? hsap::v1::STRATEGY_AUTO : o.strategy();
-  call->assignment = o.assignment() == hsap::v1::ASSIGNMENT_UNSPECIFIED ? hsap::v1::ASSIGNMENT_BALANCED
-                                                                        : o.assignment();
+  // The same conversions as Plans requests (plan_proto.h).
+  HSAP_ASSIGN_OR_RETURN(call->strategy, plan::StrategyFromProto(o.strategy(), "options.strategy"));
+  HSAP_ASSIGN_OR_RETURN(call->assignment,
+                        plan::AssignmentFromProto(o.assignment(), "options.assignment"));
   call->deadline_ms = o.deadline_ms();
   return absl::OkStatus();
 }
@@ -211,19 +197,9 @@ absl::Status ResolveMask(const hsap::v1::MaskSpec& mask, uint64_t session,
                                                        " slices; at most ", limits.max_slices));
       }
       call->total_tokens = s.total_tokens();
-      for (const auto& p : s.slices()) {
-        MaskSlice m;
-        m.q_begin = p.q_begin();
-        m.q_end = p.q_end();
-        m.k_begin = p.k_begin();
-        m.k_end = p.k_end();
-        m.type = p.type() == hsap::v1::MASK_TYPE_CAUSAL ? MaskType::kCausal : MaskType::kFull;
-        m.offset = p.offset();
-        m.window = p.has_window() && p.window() >= 0 ? p.window() : -1;
-        if (!hsap::v1::MaskType_IsValid(p.type())) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("mask.slices[", call->slices.size(), "].type ", p.type(), " is unknown"));
-        }
+      for (int i = 0; i < s.slices_size(); ++i) {
+        HSAP_ASSIGN_OR_RETURN(MaskSlice m, plan::MaskSliceFromProto(
+                                               s.slices(i), absl::StrCat("mask.slices[", i, "]")));
         call->slices.push_back(m);
       }
       return ValidateSlices(call->slices, call->total_tokens, call->total_tokens, "mask.slices");

@@ -3,10 +3,11 @@
 // AttentionBackwardRequest is checked here, with overflow-safe arithmetic,
 // and every tensor is bound to a pinned region.
 //
-// Validation is total: a call that passes runs without further checks. Each
-// error is INVALID_ARGUMENT / NOT_FOUND / UNIMPLEMENTED and its message names
-// the field and the values ("k.shape[1] (Hkv) is 3 but Hq = 8 is not a
-// multiple of it").
+// What is left to check after it depends on the plan: that this rank holds
+// the tokens the plan's dispatch gives it (PlanForCall) and the plan against
+// itself (exec::LayoutFor). Each error is INVALID_ARGUMENT or NOT_FOUND and
+// its message names the field and the values ("k.shape[1] (Hkv) is 3 but
+// Hq = 8 is not a multiple of it").
 #ifndef HSAP_SERVER_GRPC_ATTENTION_VALIDATION_H_
 #define HSAP_SERVER_GRPC_ATTENTION_VALIDATION_H_
 
@@ -18,13 +19,6 @@
 #include "server/shm/region_registry.h"
 
 namespace hsap {
-
-struct ValidationLimits {
-  int32_t max_group_size = 1;  // ranks this deployment can serve
-  int64_t max_tokens = int64_t{1} << 31;
-  int64_t max_slices = 1 << 22;
-  int max_heads = 1024;
-};
 
 absl::StatusOr<AttentionCall> ValidateForward(const hsap::v1::AttentionForwardRequest& request,
                                               uint64_t session, shm::RegionRegistry* regions,

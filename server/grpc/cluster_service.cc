@@ -23,22 +23,24 @@ hsap::v1::NodeState ToProto(cluster::NodeState s) {
 grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext* context,
                                               const hsap::v1::GetClusterStatusRequest*,
                                               hsap::v1::GetClusterStatusResponse* response) {
-  if (auto caller = AuthorizeCall(*context, state_->tcp_token); !caller.ok()) {
+  if (auto caller = AuthorizeCall(*context, deps_.tcp_token); !caller.ok()) {
     return ToGrpcStatus(caller.status());
   }
-  const bool draining = state_->gate.closed();
-  cluster::Cluster* c = state_->runner.cluster;
+  const bool draining = deps_.gate->closed();
+  cluster::Cluster* c = deps_.cluster;
   const int32_t self = c != nullptr ? c->node_rank() : 0;
   response->set_self_node_rank(self);
   response->set_formed(c == nullptr || c->formed());
   response->set_epoch(c != nullptr ? c->epoch() : 1);
-  response->set_active_calls(state_->gate.in_flight());
-  response->set_sessions(state_->sessions.num_sessions());
+  response->set_active_calls(deps_.gate->in_flight());
+  response->set_sessions(deps_.sessions->num_sessions());
   auto fill_self = [&](hsap::v1::NodeInfo* node) {
     node->set_version(kVersion);
-    for (const std::string& name : state_->device_names) node->add_devices()->set_name(name);
-    if (node->devices_size() > 0) {
-      node->mutable_devices(0)->set_busy_seconds_total(state_->busy_micros.load() / 1e6);
+    const std::vector<double> busy = deps_.slots->busy_seconds();
+    for (int i = 0; i < deps_.slots->size(); ++i) {
+      auto* device = node->add_devices();
+      device->set_name(deps_.slots->names()[i]);
+      device->set_busy_seconds_total(busy[i]);
     }
     if (draining) node->set_state(hsap::v1::NODE_STATE_DRAINING);
   };

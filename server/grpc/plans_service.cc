@@ -30,6 +30,30 @@ hsap::v1::PlanSummary Summary(const plan::PlanCacheEntry& e) {
   return s;
 }
 
+// The input limits of Attention calls (attention_validation.h), for specs.
+absl::StatusOr<plan::PlanSpec> SpecWithinLimits(const hsap::v1::PlanSpec& proto,
+                                                const plan::SpecDefaults& defaults,
+                                                const ValidationLimits& limits) {
+  if (proto.cu_seqlens_size() > limits.max_slices + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.cu_seqlens has ", proto.cu_seqlens_size(),
+                                                   " entries; at most ", limits.max_slices + 1));
+  }
+  if (proto.slices_size() > limits.max_slices) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.slices has ", proto.slices_size(),
+                                                   " slices; at most ", limits.max_slices));
+  }
+  if (proto.total_tokens() > limits.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.total_tokens is ", proto.total_tokens(),
+                                                   "; at most ", limits.max_tokens));
+  }
+  if (proto.shape().num_heads_q() > limits.max_heads) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.shape.num_heads_q is ",
+                                                   proto.shape().num_heads_q(), "; at most ",
+                                                   limits.max_heads));
+  }
+  return plan::PlanSpecFromProto(proto, defaults);
+}
+
 absl::StatusOr<plan::PlanKey> ParseKey(const std::string& hex) {
   plan::PlanKey key;
   if (!plan::PlanKey::FromHex(hex, &key)) {
@@ -46,9 +70,10 @@ grpc::Status PlansService::Dispatch(grpc::ServerContext* context, const hsap::v1
   if (auto caller = AuthorizeCall(*context, tcp_token_); !caller.ok()) {
     return ToGrpcStatus(caller.status());
   }
-  auto spec = plan::PlanSpecFromProto(request->spec());
+  auto spec = SpecWithinLimits(request->spec(), defaults_, limits_);
   if (!spec.ok()) return ToGrpcStatus(spec.status());
-  auto p = cache_->GetOrCompile(*spec);
+  const std::function<bool()> stop = [context] { return context->IsCancelled(); };
+  auto p = cache_->GetOrCompile(*spec, nullptr, &stop);
   if (!p.ok()) return ToGrpcStatus(p.status());
   *response->mutable_dispatch() = plan::DispatchToProto((*p)->dispatch);
   response->set_strategy(ToProto((*p)->strategy));
@@ -62,19 +87,21 @@ grpc::Status PlansService::CompilePlan(grpc::ServerContext* context,
   if (auto caller = AuthorizeCall(*context, tcp_token_); !caller.ok()) {
     return ToGrpcStatus(caller.status());
   }
-  auto spec = plan::PlanSpecFromProto(request->spec());
+  auto spec = SpecWithinLimits(request->spec(), defaults_, limits_);
   if (!spec.ok()) return ToGrpcStatus(spec.status());
   std::shared_ptr<const plan::Plan> p;
+  // A compile whose caller went away (or whose deadline passed) stops.
+  const std::function<bool()> stop = [context] { return context->IsCancelled(); };
   if (request->skip_cache()) {
-    auto compiled = plan::CompilePlan(*spec);
+    auto compiled = plan::CompilePlan(*spec, {.stop = &stop});
     if (!compiled.ok()) return ToGrpcStatus(compiled.status());
     p = std::make_shared<const plan::Plan>(std::move(compiled).value());
   } else {
-    const int64_t hits_before = cache_->Stats().hits;
-    auto cached = cache_->GetOrCompile(*spec);
+    bool hit = false;
+    auto cached = cache_->GetOrCompile(*spec, &hit, &stop);
     if (!cached.ok()) return ToGrpcStatus(cached.status());
     p = std::move(cached).value();
-    response->set_cache_hit(cache_->Stats().hits > hits_before);
+    response->set_cache_hit(hit);
   }
   response->set_plan_key(p->key.ToHex());
   *response->mutable_stats() = plan::PlanStatsToProto(p->stats);

@@ -7,15 +7,24 @@
 #include <string>
 
 #include "hsap/v1/plans.grpc.pb.h"
+#include "server/exec/attention_call.h"
 #include "server/plan/plan_cache.h"
+#include "server/plan/plan_proto.h"
 
 namespace hsap {
 
 class PlansService final : public hsap::v1::Plans::Service {
  public:
   // `tcp_token`: what TCP calls must carry (tcp_auth.h); empty: TCP is open.
-  explicit PlansService(plan::PlanCache* cache, std::string tcp_token = {})
-      : cache_(cache), tcp_token_(std::move(tcp_token)) {}
+  // `defaults`: the daemon's choices for unset spec fields (its --profile),
+  // the same its Attention calls use.
+  // `limits`: the input limits of Attention calls, which specs obey too.
+  explicit PlansService(plan::PlanCache* cache, std::string tcp_token = {},
+                        plan::SpecDefaults defaults = {}, ValidationLimits limits = {})
+      : cache_(cache),
+        tcp_token_(std::move(tcp_token)),
+        defaults_(std::move(defaults)),
+        limits_(limits) {}
 
   grpc::Status Dispatch(grpc::ServerContext* context, const hsap::v1::DispatchRequest* request,
                         hsap::v1::DispatchResponse* response) override;
@@ -35,6 +44,8 @@ class PlansService final : public hsap::v1::Plans::Service {
  private:
   plan::PlanCache* const cache_;
   const std::string tcp_token_;
+  const plan::SpecDefaults defaults_;
+  const ValidationLimits limits_;
 };
 
 }  // namespace hsap

@@ -25,10 +25,10 @@ hsap::v1::RegionInfo ToProto(const shm::RegionSummary& r) {
 }
 
 absl::StatusOr<std::unique_ptr<shm::MappedRegion>> MapSource(
-    DaemonState* state, uint64_t session, const hsap::v1::RegisterRegionRequest& r) {
+    const RegionsDeps& deps, uint64_t session, const hsap::v1::RegisterRegionRequest& r) {
   switch (r.source_case()) {
     case hsap::v1::RegisterRegionRequest::kMemfd: {
-      absl::StatusOr<UniqueFd> fd = state->sessions.TakePendingFd(session, r.memfd().transfer_id());
+      absl::StatusOr<UniqueFd> fd = deps.sessions->TakePendingFd(session, r.memfd().transfer_id());
       if (!fd.ok()) return fd.status();
       return shm::MappedRegion::FromFd(fd->get(), r.size_bytes(), shm::RegionKind::kMemfd);
     }
@@ -47,9 +47,9 @@ absl::StatusOr<std::unique_ptr<shm::MappedRegion>> MapSource(
 grpc::Status RegionsService::RegisterRegion(grpc::ServerContext* context,
                                             const hsap::v1::RegisterRegionRequest* request,
                                             hsap::v1::RegisterRegionResponse* response) {
-  absl::StatusOr<Caller> caller = AuthorizeCall(*context, state_->tcp_token);
+  absl::StatusOr<Caller> caller = AuthorizeCall(*context, deps_.tcp_token);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  absl::StatusOr<uint64_t> session = SessionOf(*context, state_->sessions);
+  absl::StatusOr<uint64_t> session = SessionOf(*context, *deps_.sessions);
   if (!session.ok()) return ToGrpcStatus(session.status());
   if (request->name().size() > 128) {
     return ToGrpcStatus(absl::InvalidArgumentError(
@@ -58,35 +58,35 @@ grpc::Status RegionsService::RegisterRegion(grpc::ServerContext* context,
   if (request->size_bytes() == 0) {
     return ToGrpcStatus(absl::InvalidArgumentError("size_bytes is 0: a region needs at least 1 byte"));
   }
-  auto mapping = MapSource(state_, *session, *request);
+  auto mapping = MapSource(deps_, *session, *request);
   if (!mapping.ok()) return ToGrpcStatus(mapping.status());
-  auto id = state_->regions.Register(*session, request->name(), std::move(mapping).value());
+  auto id = deps_.regions->Register(*session, request->name(), std::move(mapping).value());
   if (!id.ok()) return ToGrpcStatus(id.status());
   response->set_region_id(*id);
-  state_->RefreshGauges();
+  deps_.refresh_gauges();
   return grpc::Status::OK;
 }
 
 grpc::Status RegionsService::UnregisterRegion(grpc::ServerContext* context,
                                               const hsap::v1::UnregisterRegionRequest* request,
                                               hsap::v1::UnregisterRegionResponse*) {
-  absl::StatusOr<Caller> caller = AuthorizeCall(*context, state_->tcp_token);
+  absl::StatusOr<Caller> caller = AuthorizeCall(*context, deps_.tcp_token);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  absl::StatusOr<uint64_t> session = SessionOf(*context, state_->sessions);
+  absl::StatusOr<uint64_t> session = SessionOf(*context, *deps_.sessions);
   if (!session.ok()) return ToGrpcStatus(session.status());
-  const absl::Status st = state_->regions.Unregister(*session, request->region_id());
-  state_->RefreshGauges();
+  const absl::Status st = deps_.regions->Unregister(*session, request->region_id());
+  deps_.refresh_gauges();
   return ToGrpcStatus(st);
 }
 
 grpc::Status RegionsService::GetRegion(grpc::ServerContext* context,
                                        const hsap::v1::GetRegionRequest* request,
                                        hsap::v1::GetRegionResponse* response) {
-  absl::StatusOr<Caller> caller = AuthorizeCall(*context, state_->tcp_token);
+  absl::StatusOr<Caller> caller = AuthorizeCall(*context, deps_.tcp_token);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  absl::StatusOr<uint64_t> session = SessionOf(*context, state_->sessions);
+  absl::StatusOr<uint64_t> session = SessionOf(*context, *deps_.sessions);
   if (!session.ok()) return ToGrpcStatus(session.status());
-  auto r = state_->regions.Get(*session, request->region_id());
+  auto r = deps_.regions->Get(*session, request->region_id());
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response->mutable_region() = ToProto(*r);
   return grpc::Status::OK;
@@ -95,20 +95,20 @@ grpc::Status RegionsService::GetRegion(grpc::ServerContext* context,
 grpc::Status RegionsService::ListRegions(grpc::ServerContext* context,
                                          const hsap::v1::ListRegionsRequest*,
                                          hsap::v1::ListRegionsResponse* response) {
-  absl::StatusOr<Caller> caller = AuthorizeCall(*context, state_->tcp_token);
+  absl::StatusOr<Caller> caller = AuthorizeCall(*context, deps_.tcp_token);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  response->set_sessions(state_->sessions.num_sessions());
+  response->set_sessions(deps_.sessions->num_sessions());
   if (*caller == Caller::kTcpAuthorized) {
     // An operator (TCP with the token) sees every session's regions.
-    for (const auto& r : state_->regions.List()) {
+    for (const auto& r : deps_.regions->List()) {
       *response->add_regions() = ToProto(r);
       response->set_total_bytes(response->total_bytes() + r.size_bytes);
     }
     return grpc::Status::OK;
   }
-  absl::StatusOr<uint64_t> session = SessionOf(*context, state_->sessions);
+  absl::StatusOr<uint64_t> session = SessionOf(*context, *deps_.sessions);
   if (!session.ok()) return ToGrpcStatus(session.status());
-  for (const auto& r : state_->regions.List(*session)) {
+  for (const auto& r : deps_.regions->List(*session)) {
     *response->add_regions() = ToProto(r);
     response->set_total_bytes(response->total_bytes() + r.size_bytes);
   }

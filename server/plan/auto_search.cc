@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "common/status_macros.h"
 #include "server/plan/build_plan.h"
 #include "server/plan/parallel.h"
 
@@ -441,6 +442,7 @@ absl::StatusOr<Plan> CompileAuto(const PlanSpec& spec, const std::vector<MaskSli
   absl::Status first_error;
   int best = -1;
   for (;;) {
+    HSAP_RETURN_IF_ERROR(CheckCompileStop());
     // The candidate with the least bound (ties: the earlier).
     int i = -1;
     for (int j = 0; j < kNum; ++j) {

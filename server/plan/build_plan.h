@@ -18,6 +18,12 @@
 
 namespace hsap::plan::internal {
 
+// CANCELLED when the current compile's CompileOptions::stop says so (set
+// for the calling thread by CompilePlan for the compile's duration).
+absl::Status CheckCompileStop();
+// Sets the calling thread's stop callback; returns the previous one.
+const std::function<bool()>* SetCompileStop(const std::function<bool()>* stop);
+
 // Per-row bytes of a head all-to-all payload for a slot (wire_layout.h).
 int64_t HeadRowBytes(Payload p, const HeadShape& shape, const HeadSlot& slot);
 

@@ -21,6 +21,23 @@ int64_t HeadRowBytes(Payload p, const HeadShape& shape, const HeadSlot& slot) {
   return PayloadRowBytes(p, slot.num_q(), slot.num_kv(), shape.head_dim, shape.dtype);
 }
 
+namespace {
+thread_local const std::function<bool()>* tl_compile_stop = nullptr;
+}  // namespace
+
+const std::function<bool()>* SetCompileStop(const std::function<bool()>* stop) {
+  const std::function<bool()>* old = tl_compile_stop;
+  tl_compile_stop = stop;
+  return old;
+}
+
+absl::Status CheckCompileStop() {
+  if (tl_compile_stop != nullptr && *tl_compile_stop && (*tl_compile_stop)()) {
+    return absl::CancelledError("the plan compile's caller gave up (deadline or cancellation)");
+  }
+  return absl::OkStatus();
+}
+
 std::vector<int32_t> RankNodes(const Topology& t) {
   std::vector<int32_t> nodes(t.num_ranks());
   for (int32_t r = 0; r < t.num_ranks(); ++r) nodes[r] = t.NodeOf(r);
@@ -386,6 +403,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     HSAP_ASSIGN_OR_RETURN(inner, internal::BuildInnerLevel(index, home, in.owners, in.kind,
                                                            in.budget_rows, pool));
   }
+  HSAP_RETURN_IF_ERROR(internal::CheckCompileStop());
   const size_t inner_stages = inner[0].stages.size();
   const int64_t kappa_full = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
   std::vector<RankModel> models(P);
@@ -477,6 +495,12 @@ namespace {
 absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
                              const CompileOptions& options) {
   HSAP_RETURN_IF_ERROR(ValidatePlanSpec(spec));
+  // CheckCompileStop() answers from options.stop on this thread meanwhile.
+  struct StopScope {
+    const std::function<bool()>* saved;
+    explicit StopScope(const std::function<bool()>* stop) : saved(internal::SetCompileStop(stop)) {}
+    ~StopScope() { internal::SetCompileStop(saved); }
+  } stop_scope(options.stop);
   const absl::Time start = absl::Now();
   const std::vector<MaskSlice> slices = ResolveSlices(spec);
   const SliceIndex index(slices);
@@ -492,8 +516,10 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
     HSAP_RETURN_IF_ERROR(ValidateDispatch(*given));
     dispatch = *given;
   } else {
+    HSAP_RETURN_IF_ERROR(internal::CheckCompileStop());
     dispatch = ComputeDispatch(spec.assignment, slices, spec.total_tokens, P, pool);
   }
+  HSAP_RETURN_IF_ERROR(internal::CheckCompileStop());
   const HardwareProfile& profile = GetHardwareProfile(spec.profile);
   Plan plan;
   if (spec.strategy == Strategy::kAuto) {

@@ -13,6 +13,8 @@
 #ifndef HSAP_SERVER_PLAN_COMPILER_H_
 #define HSAP_SERVER_PLAN_COMPILER_H_
 
+#include <functional>
+
 #include "absl/status/statusor.h"
 #include "common/thread_pool.h"
 #include "server/plan/plan.h"
@@ -38,6 +40,11 @@ struct CompileOptions {
   // bit, whatever the pool. Concurrent compilations sharing a pool take
   // turns in its parallel loops.
   ThreadPool* pool = nullptr;
+  // Asked between the compiler's phases (dispatch, each strategy auto
+  // builds, the inner level, the ranks' stages) on the calling thread: true
+  // ends the compile with CANCELLED ("the compile's caller gave up"), so a
+  // compile nobody waits for any more stops. May be null.
+  const std::function<bool()>* stop = nullptr;
 };
 absl::StatusOr<Plan> CompilePlan(const PlanSpec& spec, const CompileOptions& options = {});
 

@@ -142,7 +142,7 @@ TEST(CompilerTest, ProtoRejectsAForeignKey) {
   EXPECT_NE(back.status().message().find("is not the key of its spec"), std::string::npos);
   proto = PlanToProto(*plan);
   proto.mutable_spec()->mutable_shape()->set_dtype(hsap::v1::DTYPE_INT32);
-  EXPECT_NE(PlanFromProto(proto).status().message().find("shape.dtype (DTYPE_INT32)"),
+  EXPECT_NE(PlanFromProto(proto).status().message().find("shape.dtype is DTYPE_INT32"),
             std::string::npos);
   // Proto defaults map to the server's defaults.
   hsap::v1::PlanSpec wire = PlanSpecToProto(Spec(Strategy::kSap));
@@ -154,7 +154,10 @@ TEST(CompilerTest, ProtoRejectsAForeignKey) {
   ASSERT_TRUE(spec.ok());
   EXPECT_EQ(spec->strategy, Strategy::kAuto);
   EXPECT_EQ(spec->assignment, AssignmentPolicy::kBalanced);
-  EXPECT_EQ(spec->profile, "h100");
+  EXPECT_EQ(spec->profile, "cpu-loopback");  // SpecDefaults: hsapd's --profile default
+  auto h100 = PlanSpecFromProto(wire, {.profile = "h100"});
+  ASSERT_TRUE(h100.ok());
+  EXPECT_EQ(h100->profile, "h100");
   EXPECT_EQ(spec->recv_buffer_bytes, kDefaultRecvBufferBytes);
 }
 

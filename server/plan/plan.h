@@ -1,5 +1,7 @@
-// The compiled plan: an immutable value, plain data, no pointers (DESIGN.md
-// §5). Built once by CompilePlan() (compiler.h), cached (plan_cache.h),
+// The compiled plan: an immutable value, plain data (DESIGN.md §5). Its lists
+// share storage through SharedList (copy on write, reference counted), never
+// through raw pointers into other objects, so a Plan can be copied,
+// compared and serialized as a value. Built once by CompilePlan() (compiler.h), cached (plan_cache.h),
 // serialized (plan_proto.h) and interpreted by the executor, which knows
 // nothing of documents.
 //

@@ -14,7 +14,9 @@ PlanCache::PlanCache(PlanCacheOptions options) : options_(options) {
   }
 }
 
-absl::StatusOr<std::shared_ptr<const Plan>> PlanCache::GetOrCompile(const PlanSpec& spec) {
+absl::StatusOr<std::shared_ptr<const Plan>> PlanCache::GetOrCompile(
+    const PlanSpec& spec, bool* hit, const std::function<bool()>* stop) {
+  if (hit != nullptr) *hit = false;
   const PlanKey key = ComputePlanKey(spec, kPlanFormatVersion);
   {
     absl::MutexLock lock(&mu_);
@@ -23,11 +25,12 @@ absl::StatusOr<std::shared_ptr<const Plan>> PlanCache::GetOrCompile(const PlanSp
       lru_.splice(lru_.begin(), lru_, it->second);
       ++it->second->hits;
       ++stats_.hits;
+      if (hit != nullptr) *hit = true;
       return it->second->plan;
     }
     ++stats_.misses;
   }
-  absl::StatusOr<Plan> compiled = CompilePlan(spec, {.pool = compile_pool_.get()});
+  absl::StatusOr<Plan> compiled = CompilePlan(spec, {.pool = compile_pool_.get(), .stop = stop});
   absl::MutexLock lock(&mu_);
   if (!compiled.ok()) {
     ++stats_.compile_errors;

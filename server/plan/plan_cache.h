@@ -15,6 +15,7 @@
 #define HSAP_SERVER_PLAN_PLAN_CACHE_H_
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <vector>
@@ -72,8 +73,12 @@ class PlanCache {
   PlanCache& operator=(const PlanCache&) = delete;
 
   // The plan of `spec`: cached, or compiled (CompilePlan) and inserted.
-  // Errors are CompilePlan's (INVALID_ARGUMENT naming the field).
-  absl::StatusOr<std::shared_ptr<const Plan>> GetOrCompile(const PlanSpec& spec)
+  // `*hit` (may be null) says whether this call found it cached (a compile
+  // that lost a race to an identical one is not a hit). Errors are
+  // CompilePlan's (INVALID_ARGUMENT naming the field).
+  // `stop` (may be null) is the compile's CompileOptions::stop.
+  absl::StatusOr<std::shared_ptr<const Plan>> GetOrCompile(
+      const PlanSpec& spec, bool* hit = nullptr, const std::function<bool()>* stop = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The cached plan with `key` (NOT_FOUND otherwise). Does not count as a

@@ -17,18 +17,6 @@ pb::DType DTypeToProto(DType t) {
   return pb::DTYPE_UNSPECIFIED;
 }
 
-absl::StatusOr<DType> DTypeFromProto(pb::DType t, absl::string_view field) {
-  switch (t) {
-    case pb::DTYPE_FLOAT32: return DType::kFloat32;
-    case pb::DTYPE_BFLOAT16:
-    case pb::DTYPE_UNSPECIFIED: return DType::kBFloat16;
-    case pb::DTYPE_FLOAT16: return DType::kFloat16;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(field, " (", pb::DType_Name(t),
-                                                     ") is not float32, bfloat16 or float16"));
-  }
-}
-
 void SliceToProto(const MaskSlice& s, pb::MaskSlice* p) {
   p->set_q_begin(s.q_begin);
   p->set_q_end(s.q_end);
@@ -36,19 +24,7 @@ void SliceToProto(const MaskSlice& s, pb::MaskSlice* p) {
   p->set_k_end(s.k_end);
   p->set_type(s.type == MaskType::kCausal ? pb::MASK_TYPE_CAUSAL : pb::MASK_TYPE_FULL);
   p->set_offset(s.offset);
-  p->set_window(s.window);
-}
-
-MaskSlice SliceFromProto(const pb::MaskSlice& p) {
-  MaskSlice s;
-  s.q_begin = p.q_begin();
-  s.q_end = p.q_end();
-  s.k_begin = p.k_begin();
-  s.k_end = p.k_end();
-  s.type = p.type() == pb::MASK_TYPE_CAUSAL ? MaskType::kCausal : MaskType::kFull;
-  s.offset = p.offset();
-  s.window = p.window();
-  return s;
+  if (s.window >= 0) p->set_window(s.window);
 }
 
 void TransferToProto(const Transfer& t, pb::Transfer* p) {
@@ -189,7 +165,7 @@ pb::PlanSpec PlanSpecToProto(const PlanSpec& spec) {
   pb::PlanSpec p;
   for (int64_t c : spec.cu_seqlens) p.add_cu_seqlens(c);
   p.set_causal(spec.causal);
-  p.set_window(spec.window);
+  if (spec.window >= 0) p.set_window(spec.window);
   for (const MaskSlice& s : spec.slices) SliceToProto(s, p.add_slices());
   p.set_total_tokens(spec.total_tokens);
   p.mutable_topology()->set_num_nodes(spec.topology.num_nodes);
@@ -205,12 +181,68 @@ pb::PlanSpec PlanSpecToProto(const PlanSpec& spec) {
   return p;
 }
 
-absl::StatusOr<PlanSpec> PlanSpecFromProto(const pb::PlanSpec& p) {
+absl::StatusOr<DType> DTypeFromProto(pb::DType t, absl::string_view field) {
+  switch (t) {
+    case pb::DTYPE_FLOAT32: return DType::kFloat32;
+    case pb::DTYPE_BFLOAT16: return DType::kBFloat16;
+    case pb::DTYPE_FLOAT16: return DType::kFloat16;
+    default:
+    {
+      const std::string name = pb::DType_Name(t);  // empty for a value the proto lacks
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " is ", name.empty() ? absl::StrCat(static_cast<int>(t)) : name,
+                       "; it must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16"));
+    }
+  }
+}
+
+absl::StatusOr<Strategy> StrategyFromProto(pb::Strategy s, absl::string_view field) {
+  if (s == pb::STRATEGY_UNSPECIFIED) return Strategy::kAuto;
+  if (s >= pb::STRATEGY_RING && s <= pb::STRATEGY_AUTO) return static_cast<Strategy>(s);
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " (", static_cast<int>(s), ") is not a known strategy"));
+}
+
+absl::StatusOr<AssignmentPolicy> AssignmentFromProto(pb::AssignmentPolicy a,
+                                                     absl::string_view field) {
+  if (a == pb::ASSIGNMENT_UNSPECIFIED) return AssignmentPolicy::kBalanced;
+  if (a >= pb::ASSIGNMENT_CONTIGUOUS && a <= pb::ASSIGNMENT_BALANCED) {
+    return static_cast<AssignmentPolicy>(a);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " (", static_cast<int>(a), ") is not a known policy"));
+}
+
+absl::StatusOr<MaskSlice> MaskSliceFromProto(const pb::MaskSlice& p, absl::string_view field) {
+  if (!pb::MaskType_IsValid(p.type())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".type ", static_cast<int>(p.type()), " is unknown"));
+  }
+  MaskSlice s;
+  s.q_begin = p.q_begin();
+  s.q_end = p.q_end();
+  s.k_begin = p.k_begin();
+  s.k_end = p.k_end();
+  s.type = p.type() == pb::MASK_TYPE_CAUSAL ? MaskType::kCausal : MaskType::kFull;
+  s.offset = p.offset();
+  s.window = p.has_window() && p.window() >= 0 ? p.window() : -1;
+  return s;
+}
+
+std::string ProfileOrDefault(const std::string& profile, const SpecDefaults& defaults) {
+  return profile.empty() ? defaults.profile : profile;
+}
+
+absl::StatusOr<PlanSpec> PlanSpecFromProto(const pb::PlanSpec& p, const SpecDefaults& defaults) {
   PlanSpec spec;
   spec.cu_seqlens.assign(p.cu_seqlens().begin(), p.cu_seqlens().end());
   spec.causal = p.causal();
-  spec.window = p.window();
-  for (const pb::MaskSlice& s : p.slices()) spec.slices.push_back(SliceFromProto(s));
+  spec.window = p.has_window() ? p.window() : -1;
+  for (int i = 0; i < p.slices_size(); ++i) {
+    HSAP_ASSIGN_OR_RETURN(MaskSlice s,
+                          MaskSliceFromProto(p.slices(i), absl::StrCat("slices[", i, "]")));
+    spec.slices.push_back(s);
+  }
   spec.total_tokens = p.total_tokens();
   spec.topology.num_nodes = p.topology().num_nodes();
   spec.topology.devices_per_node = p.topology().devices_per_node();
@@ -218,24 +250,9 @@ absl::StatusOr<PlanSpec> PlanSpecFromProto(const pb::PlanSpec& p) {
   spec.shape.num_heads_kv = p.shape().num_heads_kv();
   spec.shape.head_dim = p.shape().head_dim();
   HSAP_ASSIGN_OR_RETURN(spec.shape.dtype, DTypeFromProto(p.shape().dtype(), "shape.dtype"));
-  if (p.strategy() == pb::STRATEGY_UNSPECIFIED) {
-    spec.strategy = Strategy::kAuto;
-  } else if (p.strategy() >= pb::STRATEGY_RING && p.strategy() <= pb::STRATEGY_AUTO) {
-    spec.strategy = static_cast<Strategy>(p.strategy());
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("strategy (", static_cast<int>(p.strategy()), ") is not a known strategy"));
-  }
-  if (p.assignment() == pb::ASSIGNMENT_UNSPECIFIED) {
-    spec.assignment = AssignmentPolicy::kBalanced;
-  } else if (p.assignment() >= pb::ASSIGNMENT_CONTIGUOUS &&
-             p.assignment() <= pb::ASSIGNMENT_BALANCED) {
-    spec.assignment = static_cast<AssignmentPolicy>(p.assignment());
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "assignment (", static_cast<int>(p.assignment()), ") is not a known policy"));
-  }
-  spec.profile = p.profile().empty() ? "h100" : p.profile();
+  HSAP_ASSIGN_OR_RETURN(spec.strategy, StrategyFromProto(p.strategy(), "strategy"));
+  HSAP_ASSIGN_OR_RETURN(spec.assignment, AssignmentFromProto(p.assignment(), "assignment"));
+  spec.profile = ProfileOrDefault(p.profile(), defaults);
   spec.recv_buffer_bytes =
       p.recv_buffer_bytes() == 0 ? kDefaultRecvBufferBytes : p.recv_buffer_bytes();
   return spec;

@@ -30,6 +30,7 @@
 
 ABSL_FLAG(bool, plans, true, "hash the plan bench's configurations (T = 64K)");
 ABSL_FLAG(bool, exec, true, "hash executor outputs on small random problems");
+ABSL_FLAG(int, kernel_threads, 1, "threads of the kernels' pool");
 
 namespace hsap::golden {
 namespace {
@@ -135,7 +136,7 @@ std::string ExecHash(const Plan& plan, const kernels::AttentionShapeForGolden& s
     tensors[r] = {l.q.data(), l.k.data(), l.v.data(), l.o.data(), l.lse.data(),
                   l.d_o.data(), l.dq.data(), l.dk.data(), l.dv.data()};
   }
-  const std::string error = RunGroup(plan, shape, tensors);
+  const std::string error = RunGroup(plan, shape, tensors, absl::GetFlag(FLAGS_kernel_threads));
   if (!error.empty()) return error;
   uint64_t h = 1469598103934665603ull;
   for (const Local& l : loc) {

@@ -10,11 +10,11 @@
 namespace hsap::golden {
 
 std::string RunGroup(const plan::Plan& plan, const kernels::AttentionShapeForGolden& shape,
-                     const std::vector<RankTensors>& tensors) {
+                     const std::vector<RankTensors>& tensors, int kernel_threads) {
   const int32_t P = plan.spec.topology.num_ranks();
   auto fabric = transport::InProcessFabric::Create(P, plan.spec.topology.devices_per_node);
   if (!fabric.ok()) return fabric.status().ToString();
-  exec::CpuBackend backend(1);  // one kernel thread: the kernels are deterministic then
+  exec::CpuBackend backend(kernel_threads);  // one pool, shared by the ranks
   std::vector<absl::Status> status(P);
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
   std::vector<std::thread> threads;

@@ -33,7 +33,7 @@ struct RankTensors {
 // in-process fabric with a 1-thread kernel pool (deterministic); "" when every rank
 // succeeded, else the first error.
 std::string RunGroup(const plan::Plan& plan, const kernels::AttentionShapeForGolden& shape,
-                     const std::vector<RankTensors>& tensors);
+                     const std::vector<RankTensors>& tensors, int kernel_threads = 1);
 
 }  // namespace golden
 }  // namespace hsap

@@ -195,7 +195,7 @@ std::vector<Case> Cases() {
   c.push_back({"group_size_zero", EditForward([](Env&, Fwd& r) { r.mutable_call()->set_group_size(0); }),
                Code::kInvalidArgument, "call.group_size is 0"});
   c.push_back({"group_size_3_on_2_slots", EditForward([](Env&, Fwd& r) { r.mutable_call()->set_group_size(3); }),
-               Code::kUnimplemented, "call.group_size is 3"});
+               Code::kInvalidArgument, "call.group_size is 3"});
   c.push_back({"softmax_scale_negative", EditForward([](Env&, Fwd& r) { r.mutable_options()->set_softmax_scale(-1.f); }),
                Code::kInvalidArgument, "options.softmax_scale is -1"});
   c.push_back({"softmax_scale_nan", EditForward([](Env&, Fwd& r) {
@@ -206,10 +206,10 @@ std::vector<Case> Cases() {
                Code::kInvalidArgument, "options.softmax_scale is inf"});
   c.push_back({"strategy_enum_99", EditForward([](Env&, Fwd& r) {
                  r.mutable_options()->set_strategy(static_cast<hsap::v1::Strategy>(99)); }),
-               Code::kInvalidArgument, "options.strategy 99 is unknown"});
+               Code::kInvalidArgument, "options.strategy (99) is not a known strategy"});
   c.push_back({"assignment_enum_77", EditForward([](Env&, Fwd& r) {
                  r.mutable_options()->set_assignment(static_cast<hsap::v1::AssignmentPolicy>(77)); }),
-               Code::kInvalidArgument, "options.assignment 77 is unknown"});
+               Code::kInvalidArgument, "options.assignment (77) is not a known policy"});
   c.push_back({"o_overlaps_q", EditForward([](Env&, Fwd& r) { r.mutable_o()->set_offset(r.q().offset() + 64); }),
                Code::kInvalidArgument, "overlaps q"});
   c.push_back({"lse_overlaps_o", EditForward([](Env&, Fwd& r) { r.mutable_lse()->set_offset(r.o().offset()); }),

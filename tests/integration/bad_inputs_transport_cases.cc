@@ -218,6 +218,7 @@ std::vector<Case> TransportCases() {
                  req.mutable_spec()->add_cu_seqlens(0);
                  req.mutable_spec()->add_cu_seqlens(16);
                  req.mutable_spec()->set_total_tokens(16);
+                 req.mutable_spec()->mutable_shape()->set_dtype(hsap::v1::DTYPE_BFLOAT16);
                  hsap::v1::DispatchResponse resp;
                  return FromGrpc(stub->Dispatch(&ctx, req, &resp));
                }, Code::kInvalidArgument, "topology"});

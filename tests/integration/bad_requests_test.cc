@@ -232,7 +232,7 @@ TEST_F(BadRequestsTest, CallIdentity) {
   ExpectError(r, absl::StatusCode::kInvalidArgument, "call.call_seq is 0");
   r = Good();
   r.mutable_call()->set_group_size(2);
-  ExpectError(r, absl::StatusCode::kUnimplemented, "call.group_size is 2");
+  ExpectError(r, absl::StatusCode::kInvalidArgument, "call.group_size is 2");
 }
 
 TEST_F(BadRequestsTest, SoftmaxScale) {

@@ -1,0 +1,203 @@
+// What a call can consume of the daemon, against the real hsapd binary:
+//  * admission: a call whose memory does not fit --memory_budget_bytes is
+//    RESOURCE_EXHAUSTED naming its need and the budget, at once and without
+//    the daemon growing (inputs in a sparse memfd cost the client nothing);
+//  * deadlines reach the kernels: a call far longer than its deadline ends
+//    DEADLINE_EXCEEDED soon after it;
+//  * cancellation reaches the kernels: a cancelled call stops computing and
+//    releases its regions;
+//  * fair sharing: a small call of another session is not held behind a long
+//    one for more than a quantum;
+// and after each the daemon still serves a correct call.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cpp/attention_buffers.h"
+#include "client/cpp/hsap_client.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/reference.h"
+#include "tests/integration/test_daemon.h"
+
+namespace hsap {
+namespace {
+
+using client::AttentionBuffers;
+using client::AttentionDims;
+
+std::unique_ptr<testing::DaemonProcess> StartDaemon(std::vector<std::string> flags) {
+  flags.push_back("--cpu_threads=2");
+  auto p = testing::DaemonProcess::Start(testing::Runfile("server/hsapd"), flags);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? std::move(p).value() : nullptr;
+}
+
+int64_t RssKiB(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+hsap::v1::CallId Call(const std::string& group, uint64_t seq) {
+  hsap::v1::CallId id;
+  id.set_group(group);
+  id.set_group_size(1);
+  id.set_call_seq(seq);
+  return id;
+}
+
+// A one-rank forward on `tokens` tokens of one causal document.
+absl::StatusOr<hsap::v1::AttentionForwardResponse> Forward(
+    client::Client* c, AttentionBuffers* b, const std::string& group, uint32_t deadline_ms,
+    grpc::ClientContext* context = nullptr) {
+  hsap::v1::CallOptions o;
+  o.set_deadline_ms(deadline_ms);
+  const auto req = b->ForwardRequest(Call(group, 1), client::DocumentMask({0, b->dims().tokens}, true), o);
+  if (context == nullptr) return c->Forward(req);
+  auto stub = hsap::v1::Attention::NewStub(c->channel());
+  c->Authorize(context);
+  hsap::v1::AttentionForwardResponse resp;
+  const grpc::Status st = stub->Forward(context, req, &resp);
+  if (!st.ok()) return absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+  return resp;
+}
+
+// A small call that must still be served correctly: fp32, checked.
+void ExpectServesACorrectCall(client::Client* c, const std::string& group) {
+  auto b = AttentionBuffers::Create(c, {64, 2, 1, 32, DType::kFloat32}, group);
+  ASSERT_TRUE(b.ok()) << b.status();
+  (*b)->FillInputs(7);
+  auto r = Forward(c, b->get(), group, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<double> ref_o, ref_lse;
+  kernels::cpu::AttentionShape s{2, 1, 32, DType::kFloat32, 1.f / std::sqrt(32.f)};
+  kernels::cpu::ReferenceForward(s, (*b)->q(), (*b)->k(), (*b)->v(), 64, 64,
+                                 LowerDocuments({0, 64}, true, -1), &ref_o, &ref_lse);
+  EXPECT_LE(kernels::cpu::MaxRelativeError((*b)->ToDouble((*b)->o(), 64 * 2 * 32), ref_o), 1e-5);
+}
+
+TEST(CallControlTest, CallBeyondTheMemoryBudgetIsRefusedUpFront) {
+  auto daemon = StartDaemon({"--memory_budget_bytes=268435456"});
+  ASSERT_NE(daemon, nullptr);
+  auto c = client::Client::Connect(daemon->socket());
+  ASSERT_TRUE(c.ok()) << c.status();
+  // 2^27 tokens, one head of 32: 8 GiB of bf16 inputs in a sparse memfd; the
+  // fp32 accumulator alone would be 16 GiB.
+  const int64_t T = int64_t{1} << 27;
+  auto b = AttentionBuffers::Create(c->get(), {T, 1, 1, 32, DType::kBFloat16}, "huge");
+  ASSERT_TRUE(b.ok()) << b.status();
+  const int64_t rss_before = RssKiB(daemon->pid());
+  const absl::Time start = absl::Now();
+  auto r = Forward(c->get(), b->get(), "huge", 0);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("--memory_budget_bytes = 268435456"), std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("needs"), std::string::npos) << r.status();
+  const int64_t rss_after = RssKiB(daemon->pid());
+  std::printf("admission: refused in %s, daemon VmRSS %lld -> %lld KiB\n",
+              absl::FormatDuration(took).c_str(), static_cast<long long>(rss_before),
+              static_cast<long long>(rss_after));
+  EXPECT_LT(rss_after - rss_before, 256 * 1024) << "the daemon grew before refusing";
+  EXPECT_LT(took, absl::Seconds(20));
+  b->reset();
+  ExpectServesACorrectCall(c->get(), "after-huge");
+}
+
+// 32 K tokens of one causal document, 4 heads: several seconds of kernels
+// on two cores, far beyond the deadlines below.
+constexpr int64_t kLongTokens = 32768;
+
+TEST(CallControlTest, DeadlineStopsTheKernels) {
+  auto daemon = StartDaemon({});
+  ASSERT_NE(daemon, nullptr);
+  auto c = client::Client::Connect(daemon->socket());
+  ASSERT_TRUE(c.ok());
+  auto b = AttentionBuffers::Create(c->get(), {kLongTokens, 4, 1, 64, DType::kBFloat16}, "long");
+  ASSERT_TRUE(b.ok());
+  (*b)->FillInputs(1);
+  const absl::Time start = absl::Now();
+  auto r = Forward(c->get(), b->get(), "long", 300);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  std::printf("deadline 300 ms: the call ended after %s\n", absl::FormatDuration(took).c_str());
+  // Within the deadline plus one block of kernel work and the reply (loose:
+  // a shared, sanitized CI machine).
+  EXPECT_LT(took, absl::Milliseconds(300) + absl::Seconds(2));
+  ExpectServesACorrectCall(c->get(), "after-deadline");
+}
+
+TEST(CallControlTest, CancelledCallStopsAndReleasesItsRegions) {
+  auto daemon = StartDaemon({});
+  ASSERT_NE(daemon, nullptr);
+  auto c = client::Client::Connect(daemon->socket());
+  ASSERT_TRUE(c.ok());
+  auto b = AttentionBuffers::Create(c->get(), {kLongTokens, 4, 1, 64, DType::kBFloat16}, "cancel");
+  ASSERT_TRUE(b.ok());
+  (*b)->FillInputs(2);
+  grpc::ClientContext ctx;
+  auto running = std::async(std::launch::async,
+                            [&] { return Forward(c->get(), b->get(), "cancel", 60000, &ctx); });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time cancelled = absl::Now();
+  ctx.TryCancel();
+  EXPECT_EQ(running.get().status().code(), absl::StatusCode::kCancelled);
+  // The daemon holds the region pinned while the call runs: unregistering
+  // succeeds once the kernels have stopped.
+  absl::Status st;
+  while (absl::Now() - cancelled < absl::Seconds(10)) {
+    st = (*c)->Unregister((*b)->buffer().region_id());
+    if (st.ok()) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const absl::Duration released = absl::Now() - cancelled;
+  ASSERT_TRUE(st.ok()) << st;
+  std::printf("cancel: the region was released %s after the cancellation\n",
+              absl::FormatDuration(released).c_str());
+  EXPECT_LT(released, absl::Seconds(2));
+  ExpectServesACorrectCall(c->get(), "after-cancel");
+}
+
+TEST(CallControlTest, SmallCallIsNotHeldBehindALongOne) {
+  auto daemon = StartDaemon({});
+  ASSERT_NE(daemon, nullptr);
+  auto a = client::Client::Connect(daemon->socket());
+  auto small = client::Client::Connect(daemon->socket());
+  ASSERT_TRUE(a.ok() && small.ok());
+  auto b = AttentionBuffers::Create(a->get(), {kLongTokens, 4, 1, 64, DType::kBFloat16}, "hog");
+  ASSERT_TRUE(b.ok());
+  (*b)->FillInputs(3);
+  auto s = AttentionBuffers::Create(small->get(), {64, 2, 1, 32, DType::kFloat32}, "small");
+  ASSERT_TRUE(s.ok());
+  (*s)->FillInputs(4);
+  grpc::ClientContext hog_ctx;
+  auto hog = std::async(std::launch::async,
+                        [&] { return Forward(a->get(), b->get(), "hog", 60000, &hog_ctx); });
+  absl::SleepFor(absl::Milliseconds(300));  // the long call is in its kernels
+  double worst_ms = 0;
+  for (int i = 0; i < 5; ++i) {
+    hsap::v1::CallOptions o;
+    const absl::Time start = absl::Now();
+    auto r = (*small)->Forward((*s)->ForwardRequest(Call("small", i + 1),
+                                                    client::DocumentMask({0, 64}, true), o));
+    ASSERT_TRUE(r.ok()) << r.status();
+    worst_ms = std::max(worst_ms, absl::ToDoubleMilliseconds(absl::Now() - start));
+  }
+  std::printf("fair share: 64-token calls beside a %lld-token one took at most %.1f ms\n",
+              static_cast<long long>(kLongTokens), worst_ms);
+  EXPECT_LT(worst_ms, 1000.0);  // before: 500-1900 ms; the quantum is a few ms (docs)
+  hog_ctx.TryCancel();  // the long call is not this test's subject
+  const absl::Status hog_status = hog.get().status();
+  EXPECT_TRUE(hog_status.ok() || hog_status.code() == absl::StatusCode::kCancelled) << hog_status;
+}
+
+}  // namespace
+}  // namespace hsap
