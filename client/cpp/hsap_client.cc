@@ -104,7 +104,7 @@ absl::Status Client::PassFd(int fd, uint64_t transfer_id) {
 
 absl::StatusOr<std::unique_ptr<SharedBuffer>> Client::CreateBuffer(uint64_t size,
                                                                    const std::string& name) {
-  UniqueFd fd(memfd_create(("hsap-" + name).c_str(), MFD_CLOEXEC));
+  UniqueFd fd(memfd_create(("hsap-" + name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return absl::InternalError(absl::StrCat("memfd_create: ", strerror(errno)));
   if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return absl::ResourceExhaustedError(absl::StrCat("ftruncate(", size, "): ", strerror(errno)));

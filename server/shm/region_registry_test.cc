@@ -12,7 +12,7 @@ namespace hsap::shm {
 namespace {
 
 std::unique_ptr<MappedRegion> MakeMemfd(const char* name, uint64_t size) {
-  const int fd = memfd_create(name, MFD_CLOEXEC);
+  const int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   EXPECT_EQ(ftruncate(fd, size), 0);
   auto r = MappedRegion::FromFd(fd, size, RegionKind::kMemfd);
   close(fd);

@@ -75,7 +75,7 @@ TEST(SessionSocketTest, PassesFdsAndReclaimsOnDisconnect) {
   EXPECT_EQ(sessions.Authenticate(hello.session_id(), "wrong").code(),
             absl::StatusCode::kUnauthenticated);
 
-  const int mfd = memfd_create("hsap-session-test", MFD_CLOEXEC);
+  const int mfd = memfd_create("hsap-session-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(mfd, 4096), 0);
   SendFd(sock, 42, mfd);
   auto ack = Receive<hsap::v1::SessionFdAck>(sock);

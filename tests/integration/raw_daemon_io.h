@@ -161,7 +161,7 @@ inline std::string PrefaceThenFrame(uint8_t type, uint32_t stream, uint32_t leng
 }
 
 inline UniqueFd NewMemfd(const char* name, off_t size) {
-  UniqueFd fd(memfd_create(name, MFD_CLOEXEC));
+  UniqueFd fd(memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (fd.valid() && ftruncate(fd.get(), size) != 0) return UniqueFd();
   return fd;
 }
