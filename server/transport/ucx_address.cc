@@ -212,6 +212,7 @@ absl::Status ValidatePeerUcxAddress(absl::string_view peer, const UcxAddressLayo
         " with flags 0x", absl::Hex(own.header_flags),
         " (every node must run the same UCX build and configuration)"));
   }
+  int shared = 0;
   for (const UcxAddressInterface& theirs : layout->interfaces) {
     bool known = false, device_ok = false, iface_ok = false;
     uint32_t want_iface = 0;
@@ -223,6 +224,7 @@ absl::Status ValidatePeerUcxAddress(absl::string_view peer, const UcxAddressLayo
       iface_ok |= mine.interface_address_bytes == theirs.interface_address_bytes;
     }
     if (!known) continue;  // a transport this node lacks: UCX ignores it
+    ++shared;
     if (!iface_ok || !device_ok) {
       return absl::InvalidArgumentError(absl::StrCat(
           "ucx_worker_address: transport 0x", absl::Hex(theirs.tl_name_checksum), " has a ",
@@ -230,6 +232,11 @@ absl::Status ValidatePeerUcxAddress(absl::string_view peer, const UcxAddressLayo
           theirs.interface_address_bytes, "-byte interface address, but this node packs ",
           want_iface, "-byte interface addresses for it and other device-address sizes"));
     }
+  }
+  if (shared == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ucx_worker_address lists ", layout->interfaces.size(),
+        " interface(s), none of a transport this node has (no transport in common)"));
   }
   return absl::OkStatus();
 }

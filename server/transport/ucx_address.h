@@ -22,7 +22,10 @@
 //    the same interface-address length and one of the device-address
 //    lengths this worker packs for it (transports read those fields at
 //    their own fixed sizes). Transports this worker lacks are allowed: UCX
-//    ignores them.
+//    ignores them; but at least one transport must be shared;
+//  * (v1) carry packed interface attributes UCX can score: overhead and
+//    latency finite in [0, 1] s, bandwidth finite in (0, 1e15] B/s (a NaN or
+//    negative one aborts UCX's lane selection).
 // The layout is UCX 1.13's (address format v1 and v2, non-unified mode);
 // the size of the packed interface attributes is learnt from this worker's
 // own address, which must itself parse (ParseUcxAddress) — a UCX whose
