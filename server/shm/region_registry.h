@@ -102,6 +102,9 @@ class RegionRegistry {
  public:
   explicit RegionRegistry(RegionLimits limits = {}, LimitRefusalHook on_refusal = nullptr)
       : limits_(limits), on_refusal_(std::move(on_refusal)) {}
+
+  // Sets the refusal hook. REQUIRES: before the registry is shared.
+  void SetRefusalHook(LimitRefusalHook on_refusal) { on_refusal_ = std::move(on_refusal); }
   RegionRegistry(const RegionRegistry&) = delete;
   RegionRegistry& operator=(const RegionRegistry&) = delete;
 
@@ -154,7 +157,7 @@ class RegionRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RegionLimits limits_;
-  const LimitRefusalHook on_refusal_;
+  LimitRefusalHook on_refusal_;
   std::atomic<uint64_t> live_mappings_{0};
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

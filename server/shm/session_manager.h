@@ -34,6 +34,12 @@ class SessionManager {
   explicit SessionManager(RegionRegistry* registry, int max_sessions = kDefaultMaxSessions,
                           LimitRefusalHook on_refusal = nullptr)
       : registry_(registry), max_sessions_(max_sessions), on_refusal_(std::move(on_refusal)) {}
+  // Sets the session cap and the refusal hook. REQUIRES: before the
+  // session socket starts.
+  void Configure(int max_sessions, LimitRefusalHook on_refusal) {
+    max_sessions_ = max_sessions;
+    on_refusal_ = std::move(on_refusal);
+  }
   SessionManager(const SessionManager&) = delete;
   SessionManager& operator=(const SessionManager&) = delete;
 
@@ -76,8 +82,8 @@ class SessionManager {
   };
 
   RegionRegistry* const registry_;
-  const int max_sessions_;
-  const LimitRefusalHook on_refusal_;
+  int max_sessions_;
+  LimitRefusalHook on_refusal_;
   std::vector<std::function<void(uint64_t)>> close_callbacks_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

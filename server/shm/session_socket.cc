@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "common/version.h"
 #include "hsap/v1/regions.pb.h"
+#include "server/shm/region.h"
 
 namespace hsap::shm {
 namespace {
@@ -40,8 +41,13 @@ struct Connection {
   uint64_t session = 0;
   std::deque<std::string> out;  // serialized messages the kernel has not taken yet
   bool close_after_flush = false;
-  uint32_t events = 0;  // what the epoll set watches now
+  uint32_t events = 0;      // what the epoll set watches now
+  uint32_t generation = 0;  // tells a reused fd number's events apart
 };
+
+uint64_t EventKey(int fd, uint32_t generation) {
+  return (static_cast<uint64_t>(generation) << 32) | static_cast<uint32_t>(fd);
+}
 
 // What one received message asks for.
 struct Answer {
@@ -120,6 +126,12 @@ Answer ReadMessage(Connection& c, SessionManager* sessions, bool* again) {
     ack.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
     ack.set_message(absl::StrCat("SessionFdTransfer carries ", fds.size(),
                                  " file descriptors; it needs exactly 1"));
+  } else if (absl::Status kind = CheckRegionFd(fds[0].get()); !kind.ok()) {
+    // Refused at once, not kept: a socket kept here (say, the client's own
+    // end of this connection) would keep the session alive after the
+    // client exits.
+    ack.set_code(static_cast<int>(kind.code()));
+    ack.set_message(absl::StrCat("transfer ", transfer.transfer_id(), ": ", kind.message()));
   } else {
     absl::Status st = sessions->AddPendingFd(c.session, transfer.transfer_id(), std::move(fds[0]));
     ack.set_code(static_cast<int>(st.code()));
@@ -156,14 +168,16 @@ class SessionSocket::Loop {
         Watch(owner_->listen_.get(), EPOLLIN);
       }
       for (int i = 0; i < n; ++i) {
-        const int fd = events[i].data.fd;
-        if (fd == owner_->wake_read_.get()) continue;  // stop_ is checked above
-        if (fd == owner_->listen_.get()) {
+        const uint64_t key = events[i].data.u64;
+        const int fd = static_cast<int>(key & 0xffffffffu);
+        if (key == EventKey(owner_->wake_read_.get(), 0)) continue;  // stop_ is checked above
+        if (key == EventKey(owner_->listen_.get(), 0)) {
           AcceptSome();
           continue;
         }
         auto it = conns_.find(fd);
-        if (it == conns_.end()) continue;  // closed earlier in this batch
+        // Closed earlier in this batch (and maybe its number reused since).
+        if (it == conns_.end() || EventKey(fd, it->second.generation) != key) continue;
         if (!Serve(it->second, events[i].events)) Close(it);
       }
     }
@@ -175,7 +189,7 @@ class SessionSocket::Loop {
   void Watch(int fd, uint32_t events) {
     epoll_event e = {};
     e.events = events;
-    e.data.fd = fd;
+    e.data.u64 = EventKey(fd, 0);
     if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &e) != 0 && errno == EEXIST) {
       epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd, &e);
     }
@@ -190,7 +204,7 @@ class SessionSocket::Loop {
     if (want == c.events) return;
     epoll_event e = {};
     e.events = want;
-    e.data.fd = c.fd.get();
+    e.data.u64 = EventKey(c.fd.get(), c.generation);
     epoll_ctl(epoll_.get(), c.events == 0 ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, c.fd.get(), &e);
     c.events = want;
   }
@@ -297,6 +311,7 @@ class SessionSocket::Loop {
     }
     const int raw = fd.get();
     c.fd = std::move(fd);
+    c.generation = ++generations_;
     c.out.push_back(hello.SerializeAsString());
     auto it = conns_.emplace(raw, std::move(c)).first;
     if (!Flush(it->second)) {
@@ -313,6 +328,7 @@ class SessionSocket::Loop {
   absl::Time resume_accept_ = absl::InfinitePast();
   absl::Duration backoff_ = kFirstBackoff;
   absl::Time last_backoff_log_ = absl::InfinitePast();
+  uint32_t generations_ = 0;  // connections accepted so far (never 0 for one)
 };
 
 absl::StatusOr<std::unique_ptr<SessionSocket>> SessionSocket::Start(std::string path,

@@ -4,7 +4,9 @@
 //  * checks the peer's uid (SO_PEERCRED) against the allowed uid,
 //  * sends SessionHello (or, at the --max_sessions cap, a hello carrying
 //    RESOURCE_EXHAUSTED, then closes),
-//  * receives memfds (SessionFdTransfer + SCM_RIGHTS) and acknowledges them,
+//  * receives memfds (SessionFdTransfer + SCM_RIGHTS) and acknowledges them;
+//    an fd that can never be a region (a socket, a pipe, a disk file, ...;
+//    region.h CheckRegionFd) is refused INVALID_ARGUMENT and closed at once,
 //  * ends the session when the connection closes, for any reason.
 //
 // One thread serves every connection without ever blocking on one: the

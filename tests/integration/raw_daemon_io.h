@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -229,6 +230,7 @@ class RawSession {
   }
 
   const hsap::v1::SessionHello& hello() const { return hello_; }
+  int fd() const { return fd_.get(); }
 
  private:
   UniqueFd fd_;
