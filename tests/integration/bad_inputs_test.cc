@@ -282,7 +282,7 @@ std::vector<Case> Cases() {
                  *r.mutable_call() = e.Call("last-seq", std::numeric_limits<uint64_t>::max());
                  absl::Status first = e.Forward(r);
                  if (!first.ok()) return first;
-                 *r.mutable_call() = e.Call("last-seq", 0);
+                 *r.mutable_call() = e.Call("last-seq", 1);
                  return e.Forward(r);
                }, Code::kFailedPrecondition, "already submitted call_seq 18446744073709551615, the last one there is"});
   c.push_back({"group_size_changed_midway", [](Env& e) {

@@ -5,6 +5,7 @@
 // limit, one session taking every shared resource, group state outliving
 // its sessions, and idle /metrics clients. Each test then checks that the
 // daemon is alive and still serves a correct call.
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -263,6 +264,22 @@ double CpuSeconds(pid_t pid) {
   return ticks / sysconf(_SC_CLK_TCK);
 }
 
+// The lowest fd number `pid` does not use.
+int LowestFreeFd(pid_t pid) {
+  std::vector<bool> used(1 << 16);
+  DIR* d = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const int fd = std::atoi(e->d_name);
+    if (fd >= 0 && fd < static_cast<int>(used.size())) used[fd] = true;
+  }
+  closedir(d);
+  int n = 0;
+  while (n < static_cast<int>(used.size()) && used[n]) ++n;
+  return n;
+}
+
 int RawConnect(const std::string& socket) {
   const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un addr = {};
@@ -314,13 +331,19 @@ TEST(HardeningTest, AFloodingClientAndTheFdLimitWedgeNobody) {
     others.push_back(std::move(c).value());
   }
   ExpectGoodCall(d->socket(), "beside-the-flooder");
+  auto calls = client::AttentionBuffers::Create(others[1].get(), {kTokens, kHq, kHkv, kD, DType::kFloat32},
+                                                "at-limit");
+  ASSERT_TRUE(calls.ok()) << calls.status();
+  (*calls)->FillInputs(8);
 
-  // The fd limit: no fd left for the daemon.
-  const int open_fds = testing::CountFds(d->pid());
+  // The fd limit: no fd left for the daemon. RLIMIT_NOFILE bounds fd
+  // numbers, so the limit is set to the lowest free number.
+  const int lowest_free = LowestFreeFd(d->pid());
+  ASSERT_GT(lowest_free, 2);
   struct rlimit before, at_limit;
   ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, nullptr, &before), 0);
   at_limit = before;
-  at_limit.rlim_cur = open_fds;
+  at_limit.rlim_cur = lowest_free;
   ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, &at_limit, nullptr), 0);
   UniqueFd waiting(RawConnect(d->socket()));  // queued in the backlog
   const double cpu_before = CpuSeconds(d->pid());
@@ -338,6 +361,10 @@ TEST(HardeningTest, AFloodingClientAndTheFdLimitWedgeNobody) {
     EXPECT_EQ(st.code(), Code::kResourceExhausted) << st;
     EXPECT_THAT(std::string(st.message()), HasSubstr("open-file limit"));
   }
+  auto at_limit_call = others[1]->Forward(
+      (*calls)->ForwardRequest(OneRank("at-the-limit"), client::DocumentMask(kCu, true), {}));
+  EXPECT_TRUE(at_limit_call.ok()) << at_limit_call.status();
+  if (at_limit_call.ok()) EXPECT_EQ(at_limit_call->stats().area(), kArea);
   ASSERT_TRUE(Alive(*d));
   ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, &before, nullptr), 0);
   // The waiting client is served once fds are back (the backoff is <= 1 s).
@@ -605,7 +632,8 @@ TEST(HardeningTest, GroupStateIsReleasedWithItsSessions) {
     (*b)->FillInputs(6);
     const uint64_t last = std::numeric_limits<uint64_t>::max();
     ASSERT_TRUE((*c)->Forward((*b)->ForwardRequest(OneRank("W", last), client::DocumentMask(kCu, true), {})).ok());
-    auto wrapped = (*c)->Forward((*b)->ForwardRequest(OneRank("W", 0), client::DocumentMask(kCu, true), {}));
+    // (0 is refused at the entry: sequences start at 1.)
+    auto wrapped = (*c)->Forward((*b)->ForwardRequest(OneRank("W", 1), client::DocumentMask(kCu, true), {}));
     EXPECT_EQ(wrapped.status().code(), Code::kFailedPrecondition);
     EXPECT_THAT(std::string(wrapped.status().message()), HasSubstr("the last one there is"));
     EXPECT_THAT(std::string(wrapped.status().message()), ::testing::Not(HasSubstr("the next must be 0")));
