@@ -59,7 +59,16 @@ struct DaemonOptions {
   absl::Duration peer_down_after = absl::Seconds(1);
   // Deadline of a call whose request gives none (CallOptions.deadline_ms 0).
   absl::Duration call_deadline = absl::Seconds(60);
+  // Caps (docs/reliability.md). region_limits.max_mappings 0: the default,
+  // half of vm.max_map_count (at most SigbusGuard::kSlots), leaving the
+  // other half to the daemon's own mappings (threads, heap, buffers).
   shm::RegionLimits region_limits;
+  int max_sessions = shm::SessionManager::kDefaultMaxSessions;
+  int max_call_groups = 4096;
+  absl::Duration call_group_idle = absl::Minutes(10);
+  // The /metrics endpoint's worker threads and per-connection timeout.
+  int metrics_threads = 8;
+  int metrics_request_timeout_ms = 2000;
 };
 
 class Daemon {
@@ -81,6 +90,8 @@ class Daemon {
 
  private:
   explicit Daemon(const DaemonOptions& options);
+  // Caps, their metrics and refusal counters, the matcher's session hook.
+  void WireLimits(const shm::RegionLimits& limits);
   void SetServing(bool serving);
 
   DaemonOptions options_;

@@ -130,6 +130,7 @@ absl::Status RunCall(const AttentionCall& call, const CallRunnerOptions& options
   outcome->strategy = static_cast<int>((*plan)->strategy);
 
   CallArrival arrival;
+  arrival.session = call.session;  // hardening wiring: group state is scoped to sessions
   arrival.group = call.group;
   arrival.group_size = call.group_size;
   arrival.rank = call.rank;

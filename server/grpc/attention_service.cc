@@ -47,10 +47,21 @@ grpc::Status RunCall(DaemonState* state, const grpc::ServerContext& context, con
   absl::StatusOr<AttentionCall> call = validate(request, *session, &state->regions, state->limits);
   if (!call.ok()) return ToGrpcStatus(call.status());
   call->cancelled = [&context] { return context.IsCancelled(); };
+  call->session = *session;  // hardening wiring: the matcher scopes groups to sessions
   CallOutcome outcome;
   absl::Status st =
       RunCall(*call, state->runner, &state->plans, &state->matcher, &state->active, state->slots.get(),
               &outcome);
+  // --- hardening wiring: a region the client shrank under the call (SIGBUS
+  // caught, zero pages read) voids the call's results, whatever it returned.
+  for (const BoundTensor* t : {&call->q, &call->k, &call->v, &call->o, &call->lse, &call->d_o,
+                               &call->dq, &call->dk, &call->dv}) {
+    if (absl::Status intact = t->pin.CheckIntact(); !intact.ok()) {
+      st = std::move(intact);
+      break;
+    }
+  }
+  // --- end of hardening wiring.
   if (!st.ok()) {
     HSAP_LOG(WARNING) << "call " << call->group << "/" << call->call_seq << " rank " << call->rank
                       << " failed: " << st;

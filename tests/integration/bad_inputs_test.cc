@@ -277,6 +277,14 @@ std::vector<Case> Cases() {
                  *r.mutable_call() = e.Call("seq", 3);
                  return e.Forward(r);
                }, Code::kFailedPrecondition, "last submitted 1 (a skip); the next must be 2"});
+  c.push_back({"call_seq_after_the_last_one", [](Env& e) {
+                 auto r = e.Good();
+                 *r.mutable_call() = e.Call("last-seq", std::numeric_limits<uint64_t>::max());
+                 absl::Status first = e.Forward(r);
+                 if (!first.ok()) return first;
+                 *r.mutable_call() = e.Call("last-seq", 1);
+                 return e.Forward(r);
+               }, Code::kFailedPrecondition, "already submitted call_seq 18446744073709551615, the last one there is"});
   c.push_back({"group_size_changed_midway", [](Env& e) {
                  auto b = RankBuffers(e.client.get(), e.rank0_tokens, "resize");
                  if (!b.ok()) return b.status();

@@ -306,7 +306,7 @@ TEST_F(BadRequestsTest, RegionRegistrationErrors) {
   r.set_size_bytes(0);
   EXPECT_EQ(client_->RegisterRegion(r).status().code(), absl::StatusCode::kInvalidArgument);
   // A memfd smaller than the size asked for.
-  const int fd = memfd_create("small", MFD_CLOEXEC);
+  const int fd = memfd_create("small", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(fd, 100), 0);
   ASSERT_TRUE(client_->PassFd(fd, 5).ok());
   close(fd);
