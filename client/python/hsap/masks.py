@@ -193,6 +193,9 @@ class Mask:
                 m.window = s.window
             else:
                 m.type = common_pb2.MASK_TYPE_FULL
+                # Always set: Plans.Dispatch reads an unset window as 0
+                # (server/plan/plan_proto.cc), the attention calls as -1.
+                m.window = -1
             out.append(m)
         return out
 
