@@ -90,17 +90,14 @@ std::vector<Case> Cases() {
                  r.mutable_k()->set_shape(1, 0);
                  r.mutable_v()->set_shape(1, 0); }),
                Code::kInvalidArgument, "k.shape[1] (Hkv) is 0"});
-  c.push_back({"head_dim_20", EditForward([](Env&, Fwd& r) {
-                 for (auto* t : {r.mutable_q(), r.mutable_k(), r.mutable_v(), r.mutable_o()}) t->set_shape(2, 20); }),
-               Code::kInvalidArgument, "q.shape[2] (head_dim) is 20"});
+  c.push_back({"head_dim_0", EditForward([](Env&, Fwd& r) {
+                 for (auto* t : {r.mutable_q(), r.mutable_k(), r.mutable_v(), r.mutable_o()}) t->set_shape(2, 0); }),
+               Code::kInvalidArgument, "q.shape[2] (head_dim) is 0; it must be in [1, 256]"});
   c.push_back({"head_dim_264", [](Env& e) {
                  auto b = client::AttentionBuffers::Create(e.client.get(), {kTokens, kHq, kHkv, 264, DType::kFloat32}, "hd264");
                  if (!b.ok()) return b.status();
                  return e.Forward((*b)->ForwardRequest(e.Call(), client::DocumentMask(kCu, true), {}));
                }, Code::kInvalidArgument, "q.shape[2] (head_dim) is 264"});
-  c.push_back({"head_dim_36_not_multiple_of_8", EditForward([](Env&, Fwd& r) {
-                 for (auto* t : {r.mutable_q(), r.mutable_k(), r.mutable_v(), r.mutable_o()}) t->set_shape(2, 36); }),
-               Code::kInvalidArgument, "q.shape[2] (head_dim) is 36"});
   // --- Dtypes.
   c.push_back({"k_dtype_bf16_vs_fp32", EditForward([](Env&, Fwd& r) { r.mutable_k()->set_dtype(hsap::v1::DTYPE_BFLOAT16); }),
                Code::kInvalidArgument, "k.dtype is DTYPE_BFLOAT16 but q.dtype is DTYPE_FLOAT32"});

@@ -131,8 +131,9 @@ TEST_F(BadRequestsTest, HeadsNotDivisible) {
 
 TEST_F(BadRequestsTest, HeadDimOutOfRange) {
   auto r = Good();
-  for (auto* t : {r.mutable_q(), r.mutable_k(), r.mutable_v(), r.mutable_o()}) t->set_shape(2, 20);
-  ExpectError(r, absl::StatusCode::kInvalidArgument, "q.shape[2] (head_dim) is 20");
+  for (auto* t : {r.mutable_q(), r.mutable_k(), r.mutable_v(), r.mutable_o()}) t->set_shape(2, 0);
+  ExpectError(r, absl::StatusCode::kInvalidArgument,
+              "q.shape[2] (head_dim) is 0; it must be in [1, 256]");
 }
 
 TEST_F(BadRequestsTest, CuSeqlensNotStartingAtZero) {
