@@ -1,13 +1,13 @@
 // emu_bench: the client side of the emulated cluster (run.sh sets up the
 // namespaces, links and daemons and calls this twice).
 //
-//   --phase=calibrate  every node's daemon runs the same one-node group of
-//                      its D slots (sap: intra-node transfers only) at the
-//                      same time, so every rank of the machine is busy; the
-//                      effective FLOP/s of one rank is the plan's compute
-//                      (modeled at 1 FLOP/s) over the measured time, the
-//                      median over nodes and repetitions. Last line:
+//   --phase=wait       every daemon sees the cluster formed.
+//   --phase=calibrate  the effective FLOP/s of one rank with every rank of
+//                      the machine busy (Calibrate below). Last line:
 //                      flops_per_rank=<x>
+//   --phase=link_rate  the per-rank inter-node bytes/s that gives that rank
+//                      --target_profile's FLOP per byte. Last line:
+//                      inter_bytes_per_s=<x>
 //   --phase=measure    every strategy side by side on packs of the workload,
 //                      forward + backward, median of --reps, next to the
 //                      plan modeled under --profile (the emulation's
@@ -57,8 +57,7 @@ ABSL_FLAG(std::string, auto_by, "daemon",
           "who resolves auto: daemon (hsapd plans it with its own --profile) or bench (the "
           "bench compiles auto under --profile and asks the daemons for that strategy: for "
           "daemons without a --profile flag)");
-ABSL_FLAG(int, calibrate_reps, 2, "calibrate: repetitions");
-ABSL_FLAG(int64_t, calibrate_tokens, 0, "calibrate: tokens per node (0: T / nodes)");
+ABSL_FLAG(int, calibrate_reps, 3, "calibrate: repetitions per strategy (the median is used)");
 ABSL_FLAG(int, time_limit_s, 3600, "measure: no new run starts after this many seconds");
 ABSL_FLAG(int, deadline_ms, 1200000, "per-call deadline");
 
@@ -93,55 +92,58 @@ std::string NextGroup(const char* what) {
   return absl::StrCat("emu-", what, "-", getpid(), "-", counter++);
 }
 
+// The calibration: the bench's first pack on the whole cluster with the
+// links not yet shaped (transfers then cost little next to compute), once
+// with sap (every head on every rank, as ring and allgather) and once with
+// hsap (heads split over a node's slots, as ulysses and usp). A run's
+// work is its plan modeled at 1 FLOP/s over free links (the busiest rank
+// of every stage, forward + backward); its rate is that over its measured
+// time. The rank's rate is the mean of the two strategies' medians.
 int Calibrate(const std::vector<std::string>& sockets, const std::vector<int64_t>& lengths) {
   const int nodes = static_cast<int>(sockets.size()), devices = absl::GetFlag(FLAGS_devices);
-  int64_t t = absl::GetFlag(FLAGS_calibrate_tokens);
-  if (t <= 0) t = absl::GetFlag(FLAGS_tokens) / nodes;
-  const std::vector<int64_t> cu = hsap::PackDocuments(lengths, t, 1, 2027)[0];
-  // Work of the busiest rank, stage by stage, in FLOPs: the model at 1 FLOP/s
-  // with links that cost nothing.
-  auto plan = hsap::plan::CompilePlan(ModelSpec(
-      cu, 1, devices, Strategy::kSap, "custom:flops=1,inter_bytes_per_s=1e15,intra_bytes_per_s=1e15"));
-  if (!plan.ok()) {
-    std::fprintf(stderr, "emu_bench: %s\n", plan.status().ToString().c_str());
-    return 1;
-  }
-  const double flops = plan->stats.modeled_us * 1e-6;
-  const auto problem = hsap::testing::MakeProblem(cu, true, 7, false, absl::GetFlag(FLAGS_heads),
+  const std::vector<int64_t> cu =
+      hsap::PackDocuments(lengths, absl::GetFlag(FLAGS_tokens), 1, /*seed=*/2026)[0];
+  const auto problem = hsap::testing::MakeProblem(cu, true, 0, false, absl::GetFlag(FLAGS_heads),
                                                   absl::GetFlag(FLAGS_kv_heads),
                                                   absl::GetFlag(FLAGS_head_dim));
-  std::printf("calibration: every node runs a one-node group of its %d slots (sap) on the same "
-              "%lld-token pack at once; busiest rank's work %.4g FLOP (fwd + bwd)\n",
-              devices, static_cast<long long>(t), flops);
-  std::vector<double> rates;
-  for (int rep = 0; rep < absl::GetFlag(FLAGS_calibrate_reps); ++rep) {
-    std::vector<std::future<absl::StatusOr<hsap::testing::GroupResult>>> runs;
-    for (int n = 0; n < nodes; ++n) {
+  std::printf("calibration: pack 0 (%zu documents) on all %d x %d ranks, links unshaped, "
+              "median of %d\n",
+              cu.size() - 1, nodes, devices, absl::GetFlag(FLAGS_calibrate_reps));
+  double sum_rates = 0;
+  const std::pair<Strategy, hsap::v1::Strategy> kinds[] = {
+      {Strategy::kSap, hsap::v1::STRATEGY_SAP}, {Strategy::kHsap, hsap::v1::STRATEGY_HSAP}};
+  for (const auto& [s, wire] : kinds) {
+    auto plan = hsap::plan::CompilePlan(ModelSpec(
+        cu, nodes, devices, s, "custom:flops=1,inter_bytes_per_s=1e15,intra_bytes_per_s=1e15"));
+    if (!plan.ok()) {
+      std::fprintf(stderr, "emu_bench: %s\n", plan.status().ToString().c_str());
+      return 1;
+    }
+    const double flops = plan->stats.modeled_us * 1e-6;
+    std::vector<double> rates;
+    std::printf("  %-4s work %.4g FLOP:", std::string(hsap::plan::StrategyName(s)).c_str(), flops);
+    for (int rep = 0; rep < absl::GetFlag(FLAGS_calibrate_reps); ++rep) {
       GroupSpec spec;
       spec.group = NextGroup("cal");
-      spec.nodes = 1;
+      spec.nodes = nodes;
       spec.devices_per_node = devices;
-      spec.sockets = {sockets[n]};
-      spec.strategy = hsap::v1::STRATEGY_SAP;
+      spec.sockets = sockets;
+      spec.strategy = wire;
       spec.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
-      runs.push_back(std::async(std::launch::async,
-                                [&problem, spec] { return hsap::testing::RunGroup(problem, spec); }));
-    }
-    std::printf("  rep %d:", rep);
-    for (int n = 0; n < nodes; ++n) {
-      auto r = runs[n].get();
+      auto r = hsap::testing::RunGroup(problem, spec);
       if (!r.ok()) {
-        std::fprintf(stderr, "emu_bench: calibration on node %d: %s\n", n,
-                     r.status().ToString().c_str());
+        std::fprintf(stderr, "emu_bench: calibration: %s\n", r.status().ToString().c_str());
         return 1;
       }
-      const double s = r->forward_seconds + r->backward_seconds;
-      rates.push_back(flops / s);
-      std::printf(" node %d %.2f s (%.3g FLOP/s)", n, s, flops / s);
+      const double t = r->forward_seconds + r->backward_seconds;
+      rates.push_back(flops / t);
+      std::printf(" %.2f s (%.4g FLOP/s)", t, flops / t);
+      std::fflush(stdout);
     }
-    std::printf("\n");
+    std::printf(" -> median %.4g FLOP/s\n", Median(rates));
+    sum_rates += Median(rates);
   }
-  std::printf("flops_per_rank=%.6g\n", Median(rates));
+  std::printf("flops_per_rank=%.6g\n", sum_rates / 2);
   return 0;
 }
 
@@ -252,6 +254,7 @@ int Measure(const std::vector<std::string>& sockets, const std::vector<int64_t>&
         if (hsap::plan::StrategyName(strategies[j]) == c.ran) m = &model[j];
       }
       c.modeled_s = m->stats.modeled_us * 1e-6;
+      c.modeled_fwd_s = m->stats.fwd_us * 1e-6;
       c.modeled_busiest_bytes = m->stats.max_fwd_recv_bytes;
       pack.cells.push_back(c);
     }

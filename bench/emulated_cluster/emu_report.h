@@ -24,6 +24,7 @@ struct EmuCell {
   double measured_fwd_s = 0;      // median over the repetitions
   double measured_bwd_s = 0;
   double modeled_s = 0;           // the plan of `ran` under the emulation's profile, fwd + bwd
+  double modeled_fwd_s = 0;       // its forward part
   int64_t measured_busiest_bytes = 0;  // forward bytes received by the busiest rank (transport count)
   int64_t modeled_busiest_bytes = 0;   // the plan's max_fwd_recv_bytes
   double measured_s() const { return measured_fwd_s + measured_bwd_s; }

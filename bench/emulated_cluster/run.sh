@@ -9,8 +9,9 @@
 # and UCX over TCP on the node's address); the bench's clients in the root
 # namespace, over the daemons' Unix sockets. Steps:
 #   1. namespaces, bridge, links (unshaped), daemons; wait for the cluster;
-#   2. calibrate: every daemon computes a one-node group at once -> the
-#      effective FLOP/s of one rank with every rank of the machine busy;
+#   2. calibrate: sap and hsap on the bench's first pack, links unshaped
+#      -> the effective FLOP/s of one rank with every rank of the machine
+#      busy (the plans' work over the measured time);
 #   3. link rate = that FLOP/s over the target profile's FLOP per
 #      inter-node byte, times D per node link; tc tbf on both ends;
 #   4. probe the shaped link (goodput, round trip) -> the emulation's cost
@@ -26,7 +27,7 @@ cd "$(dirname "$0")/../.."
 NODES=4 SLOTS=2 TOKENS=262144 PACKS=2 REPS=3 HEADS=8 KV_HEADS=2 HEAD_DIM=32
 PROFILE=h100 STRATEGIES=ring,allgather,ulysses,usp,sap,hsap,auto
 TIME_LIMIT_S=3600 CPU_THREADS=1 INTRA_BYTES_PER_S=2e9 INTRA_LATENCY_US=20
-QUEUE_MS=50 HEADER_OVERHEAD=0.96 BUILD=1 CALIBRATE_TOKENS=0 FLOPS_PER_RANK=
+QUEUE_MS=50 HEADER_OVERHEAD=0.96 BUILD=1 CALIBRATE_REPS=3 FLOPS_PER_RANK=
 usage() {
   cat <<EOF
 usage: bash bench/emulated_cluster/run.sh [--key=value ...]   (as root)
@@ -40,7 +41,7 @@ usage: bash bench/emulated_cluster/run.sh [--key=value ...]   (as root)
   --intra_bytes_per_s=$INTRA_BYTES_PER_S --intra_latency_us=$INTRA_LATENCY_US  model's intra-node tier (not calibrated)
   --queue_ms=$QUEUE_MS                  tbf queue (latency parameter) of every link end
   --flops_per_rank=X                 skip the calibration and use X
-  --calibrate_tokens=N               calibration pack per node (0: T / nodes)
+  --calibrate_reps=$CALIBRATE_REPS              calibration runs per strategy (sap, hsap; median)
   --no_build                         use the binaries already in bazel-bin
 EOF
 }
@@ -62,13 +63,13 @@ for arg in "$@"; do
     --intra_latency_us=*) INTRA_LATENCY_US=${arg#*=} ;;
     --queue_ms=*) QUEUE_MS=${arg#*=} ;;
     --flops_per_rank=*) FLOPS_PER_RANK=${arg#*=} ;;
-    --calibrate_tokens=*) CALIBRATE_TOKENS=${arg#*=} ;;
+    --calibrate_reps=*) CALIBRATE_REPS=${arg#*=} ;;
     --no_build) BUILD=0 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run.sh: unknown argument $arg" >&2; usage >&2; exit 2 ;;
   esac
 done
-for v in NODES SLOTS TOKENS PACKS REPS HEADS KV_HEADS HEAD_DIM TIME_LIMIT_S CPU_THREADS QUEUE_MS; do
+for v in NODES SLOTS TOKENS PACKS REPS HEADS KV_HEADS HEAD_DIM TIME_LIMIT_S CPU_THREADS QUEUE_MS CALIBRATE_REPS; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --${v,,}=${!v} is not a positive integer" >&2; exit 2; }
 done
 (( NODES >= 2 && NODES <= 200 )) || { echo "run.sh: --nodes=$NODES must be in [2, 200]" >&2; exit 2; }
@@ -159,7 +160,7 @@ COMMON=(--sockets="$SOCKETS" --devices="$SLOTS" --tokens="$TOKENS" --heads="$HEA
         --kv_heads="$KV_HEADS" --head_dim="$HEAD_DIM")
 if [ -z "$FLOPS_PER_RANK" ]; then
   echo "== calibration (links unshaped)"
-  timeout 1800 "$BENCH" --phase=calibrate "${COMMON[@]}" --calibrate_tokens="$CALIBRATE_TOKENS" \
+  timeout 1800 "$BENCH" --phase=calibrate "${COMMON[@]}" --calibrate_reps="$CALIBRATE_REPS" \
     | tee "$WORK/calibrate.txt"
   FLOPS_PER_RANK=$(sed -n 's/^flops_per_rank=//p' "$WORK/calibrate.txt")
 else

@@ -30,7 +30,7 @@ ABSL_FLAG(std::string, dtype, "bf16", "fp32, bf16 or fp16");
 ABSL_FLAG(std::string, profile, "h100", "cost model profile (named or custom:...)");
 ABSL_FLAG(int32_t, packs, 3, "packs per point (PackDocuments, seed 2026)");
 ABSL_FLAG(std::string, strategies, "ring,allgather,ulysses,usp,sap,hsap,auto", "strategies");
-ABSL_FLAG(std::string, max_full_ranks, "ring=256,allgather=256,ulysses=256,usp=1024,sap=1024",
+ABSL_FLAG(std::string, max_full_ranks, "ring=512,allgather=512,ulysses=1024,usp=1024,sap=1024",
           "strategy=ranks: above, the row is auto's lower bound of the strategy's modeled "
           "time and closed-form bytes instead of a compiled plan");
 ABSL_FLAG(std::string, workload, "", "document lengths (default: the repository's python-stdlib)");

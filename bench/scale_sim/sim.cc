@@ -108,6 +108,20 @@ int64_t ClosedFormBusiestBytes(Strategy strategy, const Plan& p) {
   }
 }
 
+namespace {
+
+// What a row needs of a plan, so that no plan outlives its use (at 4,096
+// ranks and T = 4M one plan is a few GB).
+struct PlanFacts {
+  Strategy ran = Strategy::kAuto;
+  double modeled_us = 0;
+  int64_t busiest = 0;
+};
+
+PlanFacts FactsOf(const Plan& p) { return {p.strategy, p.stats.modeled_us, p.stats.max_fwd_recv_bytes}; }
+
+}  // namespace
+
 absl::StatusOr<SimPoint> SimulatePoint(const std::vector<int64_t>& lengths, int64_t tokens,
                                        int32_t nodes, int32_t devices, const SimOptions& o) {
   SimPoint out;
@@ -124,45 +138,61 @@ absl::StatusOr<SimPoint> SimulatePoint(const std::vector<int64_t>& lengths, int6
   const int32_t P = nodes * devices;
   for (const std::vector<int64_t>& cu : PackDocuments(lengths, tokens, o.packs, o.seed)) {
     double auto_ms = 0, hsap_ms = 0;
-    HSAP_ASSIGN_OR_RETURN(Plan chosen,
-                          Compile(SpecFor(cu, nodes, devices, Strategy::kAuto, o), o.pool, &auto_ms));
-    HSAP_ASSIGN_OR_RETURN(Plan hsap,
-                          Compile(SpecFor(cu, nodes, devices, Strategy::kHsap, o), o.pool, &hsap_ms));
-    // Floors, from hsap's per-rank statistics (the same dispatch as every
-    // strategy's: the assignment does not depend on the strategy).
-    const double flops = 4.0 * static_cast<double>(hsap.stats.total_area) * o.shape.num_heads_q *
-                         o.shape.head_dim * (1.0 + profile.backward_factor);
-    out.floors.compute_us += flops / (P * profile.attention_flops) * 1e6;
+    PlanFacts auto_facts, hsap_facts;
+    std::vector<plan::StrategyCost> candidates;
+    std::vector<int64_t> closed(o.strategies.size(), -1);
     int64_t need = 0;
-    for (const plan::RankPlan& rp : hsap.ranks) need = std::max(need, rp.stats.exact_need_bytes);
+    {
+      HSAP_ASSIGN_OR_RETURN(
+          Plan chosen, Compile(SpecFor(cu, nodes, devices, Strategy::kAuto, o), o.pool, &auto_ms));
+      auto_facts = FactsOf(chosen);
+      candidates = chosen.stats.candidates;
+      // Floors and closed forms need only the dispatch and the mask, which
+      // do not depend on the strategy.
+      const double flops = 4.0 * static_cast<double>(chosen.stats.total_area) *
+                           o.shape.num_heads_q * o.shape.head_dim * (1.0 + profile.backward_factor);
+      out.floors.compute_us += flops / (P * profile.attention_flops) * 1e6;
+      for (const plan::RankPlan& rp : chosen.ranks) need = std::max(need, rp.stats.exact_need_bytes);
+      for (size_t i = 0; i < o.strategies.size(); ++i) {
+        closed[i] = ClosedFormBusiestBytes(o.strategies[i], chosen);
+      }
+      if (chosen.strategy == Strategy::kHsap) {
+        hsap_facts = auto_facts;  // the same plan: auto built hsap
+        hsap_ms = auto_ms;
+      }
+    }
+    if (hsap_facts.ran != Strategy::kHsap) {
+      HSAP_ASSIGN_OR_RETURN(
+          Plan hsap, Compile(SpecFor(cu, nodes, devices, Strategy::kHsap, o), o.pool, &hsap_ms));
+      hsap_facts = FactsOf(hsap);
+    }
     out.floors.exact_need_bytes += need;
     out.floors.exact_need_us += 2.0 * need / profile.inter_bytes_per_s * 1e6;
-    for (StrategyRow& row : out.rows) {
+    for (size_t i = 0; i < out.rows.size(); ++i) {
+      StrategyRow& row = out.rows[i];
       const Strategy s = row.strategy;
       const auto cap = o.max_full_ranks.find(s);
       const bool full = cap == o.max_full_ranks.end() || P <= cap->second;
+      PlanFacts f;
       if (s == Strategy::kAuto || s == Strategy::kHsap) {
-        const Plan& p = s == Strategy::kAuto ? chosen : hsap;
-        row.ran = p.strategy;  // auto: the same strategy on every pack or the last one's
-        row.modeled_us += p.stats.modeled_us;
-        row.busiest_fwd_recv_bytes += p.stats.max_fwd_recv_bytes;
+        f = s == Strategy::kAuto ? auto_facts : hsap_facts;
         row.compile_ms += s == Strategy::kAuto ? auto_ms : hsap_ms;
-        continue;
-      }
-      if (full) {
+      } else if (full) {
         HSAP_ASSIGN_OR_RETURN(Plan p,
                               Compile(SpecFor(cu, nodes, devices, s, o), o.pool, &row.compile_ms));
-        row.modeled_us += p.stats.modeled_us;
-        row.busiest_fwd_recv_bytes += p.stats.max_fwd_recv_bytes;
-        continue;
+        f = FactsOf(p);
+      } else {
+        row.source = Source::kBound;
+        f.ran = s;
+        for (const plan::StrategyCost& c : candidates) {
+          if (c.strategy == s) f.modeled_us = c.modeled_us;
+        }
+        // sap has no closed form: its bytes are the exact need.
+        f.busiest = closed[i] >= 0 ? closed[i] : need;
       }
-      row.source = Source::kBound;
-      for (const plan::StrategyCost& c : chosen.stats.candidates) {
-        if (c.strategy == s) row.modeled_us += c.modeled_us;
-      }
-      const int64_t bytes = ClosedFormBusiestBytes(s, hsap);
-      // sap has no closed form: its bytes are the exact need.
-      row.busiest_fwd_recv_bytes += bytes >= 0 ? bytes : need;
+      row.ran = f.ran;  // auto: the last pack's choice
+      row.modeled_us += f.modeled_us;
+      row.busiest_fwd_recv_bytes += f.busiest;
     }
   }
   return out;
