@@ -20,6 +20,8 @@ PACKAGES=(
   clang libclang-rt-14-dev
   # llvm-symbolizer for sanitizer stack traces (.bazelrc).
   llvm
+  # bench/scale_sim/plot.py (the scale simulator's figures).
+  python3-matplotlib
 )
 
 missing=()
