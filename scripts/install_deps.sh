@@ -10,11 +10,18 @@ PACKAGES=(
   libgtest-dev libgmock-dev libhwy-dev libopenblas-dev libsystemd-dev
   prometheus
   python3-torch python3-grpcio python3-numpy python3-protobuf
+  # `pip install ./client/python` into a venv (setup.py runs protoc and
+  # grpc_python_plugin, from protobuf-compiler and protobuf-compiler-grpc).
+  python3-venv python3-pip python3-setuptools python3-wheel
+  # The fresh-clone test of command one (scripts/fresh_clone_test.sh).
+  git
   # tests/fuzz: clang with libFuzzer and its sanitizer runtimes. (gcc's
   # libasan8, libubsan1 and libtsan2 for --config=asan/tsan come with gcc.)
   clang libclang-rt-14-dev
   # llvm-symbolizer for sanitizer stack traces (.bazelrc).
   llvm
+  # bench/scale_sim/plot.py (the scale simulator's figures).
+  python3-matplotlib
 )
 
 missing=()

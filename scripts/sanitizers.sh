@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the CPU test suite under the sanitizers (docs/reliability.md):
 #   1. AddressSanitizer + UndefinedBehaviorSanitizer: every unit and
-#      integration test (GPU tests excluded by --config=cpu). Tests that
+#      integration test (GPU tests excluded by --config=cpu, tests tagged
+#      no_sanitizers too). Tests that
 #      start hsapd run the sanitized binary (it is a data dependency).
 #   2. ThreadSanitizer: the concurrency tests — call matcher, plan cache,
 #      region registry, transports, executor, plan agreement, metrics
@@ -41,7 +42,9 @@ run() {
   echo "sanitizers: ${name} took $((SECONDS - start)) s"
 }
 if [ "$which" = all ] || [ "$which" = asan ]; then
-  run asan --config=asan --config=cpu "$@" -- //...
+  # Tests tagged no_sanitizers (tests/e2e:fresh_clone_test, a cold build of
+  # a fresh clone) gain nothing from instrumentation.
+  run asan --config=asan --config=cpu --test_tag_filters=-gpu,-no_sanitizers "$@" -- //...
 fi
 if [ "$which" = all ] || [ "$which" = tsan ]; then
   run tsan --config=tsan --config=cpu "$@" -- "${TSAN_TARGETS[@]}"

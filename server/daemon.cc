@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,46 @@
 namespace hsap {
 
 Daemon::Daemon(const DaemonOptions& options) : options_(options) {}
+
+namespace {
+
+// /proc/sys/vm/max_map_count, or 65530 (Linux's default) when unreadable.
+int64_t MaxMapCount() {
+  int64_t value = 65530;
+  if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+    if (std::fscanf(f, "%" SCNd64, &value) != 1) value = 65530;
+    std::fclose(f);
+  }
+  return value;
+}
+
+// The caps of `options`, with the mapping cap resolved; INVALID_ARGUMENT
+// for values the daemon cannot honour.
+absl::StatusOr<shm::RegionLimits> ResolveRegionLimits(const DaemonOptions& options) {
+  shm::RegionLimits limits = options.region_limits;
+  const int64_t max_map_count = MaxMapCount();
+  if (limits.max_mappings == 0) {
+    limits.max_mappings = static_cast<uint64_t>(
+        std::clamp<int64_t>(max_map_count / 2, 1024, shm::SigbusGuard::kSlots));
+  }
+  if (limits.max_mappings > static_cast<uint64_t>(shm::SigbusGuard::kSlots) ||
+      static_cast<int64_t>(limits.max_mappings) >= max_map_count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_region_mappings is ", limits.max_mappings, "; it must stay below vm.max_map_count (",
+        max_map_count, ") with headroom, and at most ", shm::SigbusGuard::kSlots));
+  }
+  if (options.max_sessions < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_sessions is ", options.max_sessions,
+                                                   "; it must be >= 1"));
+  }
+  if (options.max_call_groups < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_call_groups is ", options.max_call_groups,
+                                                   "; it must be >= 1"));
+  }
+  return limits;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (options.cpu_devices < 1 || options.cpu_devices > 1024) {
@@ -64,11 +106,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (plan_threads <= 0) plan_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
   const int64_t budget = options.memory_budget_bytes > 0 ? options.memory_budget_bytes
                                                          : exec::DefaultMemoryBudgetBytes();
-  d->state_ = std::make_unique<DaemonState>(threads, runner, devices, options.region_limits,
+  auto region_limits = ResolveRegionLimits(options);
+  if (!region_limits.ok()) return region_limits.status();
+  d->state_ = std::make_unique<DaemonState>(threads, runner, devices, *region_limits,
                                             plan_threads, budget);
+  d->WireLimits(*region_limits);
   if (options.metrics_port > 0) {
     metrics::ExposerOptions m;
     m.bind_address = absl::StrCat(options.metrics_host, ":", options.metrics_port);
+    m.num_threads = options.metrics_threads;
+    m.request_timeout_ms = options.metrics_request_timeout_ms;
     auto exposer = metrics::Exposer::Create(m);
     if (!exposer.ok()) return exposer.status();
     d->exposer_ = std::move(exposer).value();
@@ -176,6 +223,38 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                                            ":", d->exposer_->port(), "/metrics")
                                             : std::string());
   return d;
+}
+
+void Daemon::WireLimits(const shm::RegionLimits& limits) {
+  DaemonState* state = state_.get();
+  auto refused = [state](const char* flag) { state->metrics.RecordLimitRefusal(flag); };
+  state->regions.SetRefusalHook(refused);
+  state->sessions.Configure(options_.max_sessions, refused);
+  state->matcher.SetLimits({.max_groups = options_.max_call_groups,
+                            .idle_timeout = options_.call_group_idle,
+                            .on_refusal = refused});
+  // A closed session's groups are released (call_matcher.h).
+  state->sessions.AddCloseCallback([state](uint64_t session) {
+    state->matcher.OnSessionClosed(session);
+    state->RefreshGauges();
+  });
+  auto& m = state->metrics;
+  m.SetLimit("max_sessions", options_.max_sessions);
+  m.SetLimit("max_pending_fds_per_session", shm::SessionManager::kMaxPendingFds);
+  m.SetLimit("max_regions_per_session", static_cast<double>(limits.max_regions_per_session));
+  m.SetLimit("max_regions", static_cast<double>(limits.max_regions));
+  m.SetLimit("max_region_bytes_per_session", static_cast<double>(limits.max_bytes_per_session));
+  m.SetLimit("max_region_bytes", static_cast<double>(limits.max_total_bytes));
+  m.SetLimit("max_region_mappings", static_cast<double>(limits.max_mappings));
+  m.SetLimit("max_call_groups", options_.max_call_groups);
+  m.SetLimit("max_message_bytes", 64 << 20);
+  m.SetLimit("plan_cache_bytes", static_cast<double>(plan::PlanCacheOptions().max_bytes));
+  HSAP_LOG(INFO) << "caps: " << options_.max_sessions << " sessions, "
+                 << limits.max_regions_per_session << " regions per session, "
+                 << limits.max_regions << " regions, " << limits.max_bytes_per_session
+                 << " bytes per session, " << limits.max_total_bytes << " bytes, "
+                 << limits.max_mappings << " mappings, " << options_.max_call_groups
+                 << " call groups";
 }
 
 void Daemon::SetServing(bool serving) {

@@ -65,7 +65,16 @@ struct DaemonOptions {
   std::string profile = "cpu-loopback";
   // Deadline of a call whose request gives none (CallOptions.deadline_ms 0).
   absl::Duration call_deadline = absl::Seconds(60);
+  // Caps (docs/reliability.md). region_limits.max_mappings 0: the default,
+  // half of vm.max_map_count (at most SigbusGuard::kSlots), leaving the
+  // other half to the daemon's own mappings (threads, heap, buffers).
   shm::RegionLimits region_limits;
+  int max_sessions = shm::SessionManager::kDefaultMaxSessions;
+  int max_call_groups = 4096;
+  absl::Duration call_group_idle = absl::Minutes(10);
+  // The /metrics endpoint's worker threads and per-connection timeout.
+  int metrics_threads = 8;
+  int metrics_request_timeout_ms = 2000;
 };
 
 class Daemon {
@@ -87,6 +96,8 @@ class Daemon {
 
  private:
   explicit Daemon(const DaemonOptions& options);
+  // Caps, their metrics and refusal counters, the matcher's session hook.
+  void WireLimits(const shm::RegionLimits& limits);
   void SetServing(bool serving);
 
   DaemonOptions options_;

@@ -43,8 +43,12 @@ struct DaemonState {
   // Refreshes the gauges that mirror other parts' state (regions, sessions,
   // plan cache); called after each call and region change.
   void RefreshGauges() {
-    metrics.SetRegions(static_cast<int64_t>(regions.List().size()),
+    // hardening: counters, not List() (which copied every session's regions
+    // on every registration: cost grew with other sessions' regions).
+    metrics.SetRegions(static_cast<int64_t>(regions.num_regions()),
                        static_cast<int64_t>(regions.total_bytes()));
+    metrics.SetRegionMappings(static_cast<int64_t>(regions.live_mappings()));
+    metrics.SetCallGroups(matcher.num_groups());
     metrics.SetSessions(sessions.num_sessions());
     const plan::PlanCacheStats s = plans.Stats();
     metrics.SetPlanCacheStats({s.hits, s.misses, s.entries, s.bytes});

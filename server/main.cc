@@ -2,6 +2,7 @@
 // signals -> Drain. See README.md and proto/README.md.
 #include <malloc.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -54,8 +55,38 @@ ABSL_FLAG(std::string, ucx_transports, "",
 ABSL_FLAG(int, heartbeat_ms, 200, "heartbeat period between nodes");
 ABSL_FLAG(int, peer_down_ms, 1000, "a node silent this long is down: its calls are aborted");
 ABSL_FLAG(int, drain_timeout_s, 30, "on SIGTERM/SIGINT, wait this long for calls in flight");
+// Caps (docs/reliability.md): each refuses with RESOURCE_EXHAUSTED naming
+// the flag, and is exported as hsap_limit{limit="<flag>"}.
+ABSL_FLAG(int, max_sessions, 256, "open client sessions at most");
+ABSL_FLAG(uint64_t, max_regions_per_session, 1024, "registered regions per session at most");
+ABSL_FLAG(uint64_t, max_regions, 16384, "registered regions across sessions at most");
+ABSL_FLAG(uint64_t, max_region_bytes_per_session, uint64_t{1} << 38,
+          "registered bytes per session at most (default 256 GiB)");
+ABSL_FLAG(uint64_t, max_region_bytes, uint64_t{1} << 40,
+          "registered bytes across sessions at most (default 1 TiB)");
+ABSL_FLAG(uint64_t, max_region_mappings, 0,
+          "client mappings at most (regions, and unregistered ones calls still use); 0: half of "
+          "vm.max_map_count, leaving the rest to the daemon's own mappings");
+ABSL_FLAG(int, max_call_groups, 4096, "call groups the call matcher keeps state for at most");
+ABSL_FLAG(int, call_group_idle_s, 600,
+          "a call group unused this long is released even while its sessions live");
+ABSL_FLAG(int, metrics_threads, 8, "/metrics worker threads (slow clients up to this many delay nobody)");
+ABSL_FLAG(int, metrics_request_timeout_ms, 2000,
+          "/metrics drops a connection whose request does not progress for this long");
 
 namespace {
+
+// Regions of unsealed objects, pending fds and sessions each hold an fd:
+// take the hard RLIMIT_NOFILE (systemd's default soft limit is 1,024).
+void RaiseOpenFileLimit() {
+  struct rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    HSAP_LOG(INFO) << "open-file limit raised from " << before << " to " << limit.rlim_cur;
+  }
+}
 
 bool ParseDevices(const std::string& text, int* cpu) {
   absl::string_view rest = text;
@@ -98,6 +129,17 @@ int main(int argc, char** argv) {
   options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);
   options.heartbeat_period = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.peer_down_after = absl::Milliseconds(absl::GetFlag(FLAGS_peer_down_ms));
+  options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.region_limits.max_regions_per_session = absl::GetFlag(FLAGS_max_regions_per_session);
+  options.region_limits.max_regions = absl::GetFlag(FLAGS_max_regions);
+  options.region_limits.max_bytes_per_session = absl::GetFlag(FLAGS_max_region_bytes_per_session);
+  options.region_limits.max_total_bytes = absl::GetFlag(FLAGS_max_region_bytes);
+  options.region_limits.max_mappings = absl::GetFlag(FLAGS_max_region_mappings);
+  options.max_call_groups = absl::GetFlag(FLAGS_max_call_groups);
+  options.call_group_idle = absl::Seconds(absl::GetFlag(FLAGS_call_group_idle_s));
+  options.metrics_threads = absl::GetFlag(FLAGS_metrics_threads);
+  options.metrics_request_timeout_ms = absl::GetFlag(FLAGS_metrics_request_timeout_ms);
+  RaiseOpenFileLimit();
   if (const std::string token_file = absl::GetFlag(FLAGS_token_file); !token_file.empty()) {
     auto token = hsap::ReadTokenFile(token_file);
     if (!token.ok()) {

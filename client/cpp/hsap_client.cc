@@ -58,6 +58,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
                                                " closed the session without a hello (is this "
                                                "user allowed?)"));
   }
+  if (hello.code() != 0) {
+    // The daemon refused the session (e.g. RESOURCE_EXHAUSTED at --max_sessions).
+    return absl::Status(static_cast<absl::StatusCode>(hello.code()),
+                        absl::StrCat("hsapd at ", session_path, " refused the session: ",
+                                     hello.message()));
+  }
   c->session_id_ = hello.session_id();
   c->session_token_ = hello.session_token();
   c->channel_ = grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials());
@@ -104,7 +110,7 @@ absl::Status Client::PassFd(int fd, uint64_t transfer_id) {
 
 absl::StatusOr<std::unique_ptr<SharedBuffer>> Client::CreateBuffer(uint64_t size,
                                                                    const std::string& name) {
-  UniqueFd fd(memfd_create(("hsap-" + name).c_str(), MFD_CLOEXEC));
+  UniqueFd fd(memfd_create(("hsap-" + name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return absl::InternalError(absl::StrCat("memfd_create: ", strerror(errno)));
   if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return absl::ResourceExhaustedError(absl::StrCat("ftruncate(", size, "): ", strerror(errno)));

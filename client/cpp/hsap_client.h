@@ -58,12 +58,14 @@ class SharedBuffer {
 class Client {
  public:
   // Opens the session, then the gRPC channel. UNAVAILABLE when no daemon
-  // listens at `socket_path`.
+  // listens at `socket_path`; the daemon's code (RESOURCE_EXHAUSTED at its
+  // --max_sessions cap) when it refuses the session.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket_path);
   ~Client();
 
-  // Creates a memfd of `size` bytes, maps it here, passes it to the daemon
-  // and registers it.
+  // Creates a memfd of `size` bytes (MFD_ALLOW_SEALING: the daemon seals it
+  // against shrinking), maps it here, passes it to the daemon and
+  // registers it.
   absl::StatusOr<std::unique_ptr<SharedBuffer>> CreateBuffer(uint64_t size,
                                                              const std::string& name);
   absl::Status Unregister(uint64_t region_id);

@@ -34,7 +34,8 @@ ABSL_FLAG(int32_t, head_dim, 128, "head dimension D");
 ABSL_FLAG(std::string, dtype, "bf16", "fp32, bf16 or fp16");
 ABSL_FLAG(std::string, strategy, "auto", "ring, allgather, ulysses, usp, sap, hsap or auto");
 ABSL_FLAG(std::string, assignment, "balanced", "contiguous, zigzag or balanced");
-ABSL_FLAG(std::string, profile, "h100", "cost model profile: h100, h200, cpu-loopback");
+ABSL_FLAG(std::string, profile, "h100", "cost model profile: h100, h200, cpu-loopback, or custom:flops=F,inter_bytes_per_s=B,"
+          "intra_bytes_per_s=B[,inter_latency_us=L,intra_latency_us=L,backward_factor=X]");
 ABSL_FLAG(int64_t, recv_buffer_mb, 256, "receive-buffer budget per stage, MiB");
 ABSL_FLAG(std::string, format, "text", "json or text");
 ABSL_FLAG(bool, stages, false, "text: also print every rank's forward stages");

@@ -19,6 +19,9 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "hwy/targets.h"
@@ -69,8 +72,11 @@ double ExpectClose(const std::vector<double>& actual, const std::vector<double>&
 
 std::vector<double> ToDouble(const float* p, int64_t n) { return std::vector<double>(p, p + n); }
 
-// Forward and backward of one random case; updates `errors`.
-void RunCase(const RandomCase& c, std::mt19937_64* rng, ThreadPool* pool, Errors* errors) {
+// Forward and backward of one random case; updates `errors`. `exact_o_factor`
+// bounds the 16-bit gradients against the exact-O reference (the loose check;
+// the yardstick against the same rounded O is always 2x rounding).
+void RunCase(const RandomCase& c, std::mt19937_64* rng, ThreadPool* pool, Errors* errors,
+             double exact_o_factor = 4.0) {
   const AttentionShape& s = c.shape;
   const int64_t q_elems = c.num_q * s.num_heads_q * s.head_dim;
   const int64_t kv_elems = c.num_k * s.num_heads_kv * s.head_dim;
@@ -115,8 +121,8 @@ void RunCase(const RandomCase& c, std::mt19937_64* rng, ThreadPool* pool, Errors
   for (double x : ref_dv) max_dv = std::max(max_dv, std::fabs(x));
   if (s.dtype != DType::kFloat32) {
     // Loose check against the exact gradient, then the real yardstick.
-    ExpectClose(dq.ToDouble(), ref_dq, s.dtype, "dQ (exact O)", c, 4.0, max_dv);
-    ExpectClose(dk.ToDouble(), ref_dk, s.dtype, "dK (exact O)", c, 4.0, max_dv);
+    ExpectClose(dq.ToDouble(), ref_dq, s.dtype, "dQ (exact O)", c, exact_o_factor, max_dv);
+    ExpectClose(dk.ToDouble(), ref_dk, s.dtype, "dK (exact O)", c, exact_o_factor, max_dv);
     ReferenceBackwardFromOutput(s, q.data(), k.data(), v.data(), o.data(), dout.data(), c.num_q,
                                 c.num_k, c.slices, &ref_dq, &ref_dk, &ref_dv);
   }
@@ -188,6 +194,51 @@ TEST(AttentionTest, EverySupportedSimdTargetMatchesReference) {
                 "error / rounding %.3g\n",
                 hwy::TargetName(target), internal::SimdTargetName(), errors.worst_fp32,
                 errors.worst_ratio_16bit);
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
+}
+
+// Any head dim from 1 to 256 (flash-attention's range): dims that are not a
+// multiple of the SIMD width (1, 59), below it (8) and the large ones, each
+// with every dtype over DrawCase's masks (documents, offsets, windows, rows
+// that see no key), forward and backward, on every SIMD target this CPU runs.
+// The loose check against the exact-O reference gets 8x rounding here
+// instead of 4x: Delta = rowsum(dO * O) computed from the rounded O the
+// trainer passes carries an error that grows with sqrt(D), and rows that see
+// one or two keys have dQ/dK made almost only of that error (measured: 5.3x
+// for dQ and 7.0x for dK at D = 160 fp16, a 6 x 31 slice with offset -4).
+// The real yardstick, 2x rounding against the reference on the same rounded
+// O, is unchanged.
+TEST(AttentionTest, HeadDimsFromOneTo256MatchReference) {
+  std::set<std::string> ran;  // mocked CPUs without AVX2 all run the same fallback
+  bool native = true;         // the first target is the best this CPU runs
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    if (!ran.insert(internal::SimdTargetName()).second) continue;
+    std::mt19937_64 rng(20260716);
+    ThreadPool pool(2);
+    // Every dtype on the CPU's own target; fp32 on the others (the dtype
+    // conversions do not depend on D).
+    const std::vector<DType> dtypes =
+        native ? std::vector<DType>{DType::kFloat32, DType::kBFloat16, DType::kFloat16}
+               : std::vector<DType>{DType::kFloat32};
+    const int cases = native ? 4 : 2;
+    native = false;
+    for (int D : {1, 8, 59, 80, 96, 160, 224, 256}) {
+      Errors errors;
+      for (DType dtype : dtypes) {
+        for (int n = 0; n < cases; ++n) {
+          RandomCase c = DrawCase(&rng, {dtype}, D > 128 ? 60 : 100);
+          c.shape.head_dim = D;
+          c.shape.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+          SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + c.Describe());
+          RunCase(c, &rng, n % 2 == 0 ? nullptr : &pool, &errors, /*exact_o_factor=*/8.0);
+          if (HasFatalFailure()) break;
+        }
+      }
+      std::printf("%s D=%d: worst fp32 error %.3g, worst 16-bit error / rounding %.3g\n",
+                  internal::SimdTargetName(), D, errors.worst_fp32, errors.worst_ratio_16bit);
+    }
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
 }

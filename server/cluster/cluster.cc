@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/cluster/peer_service.h"
+#include "server/cluster/peer_validation.h"
 
 namespace hsap::cluster {
 
@@ -280,7 +281,13 @@ void Cluster::TickPeer(int32_t node) {
   if (state == NodeState::kJoining || state == NodeState::kDown) {
     v1::JoinResponse response;
     const grpc::Status s = stub->Join(&context, join, &response);
-    if (s.ok()) {
+    // The answer is a peer's input too: checked before it reaches UCX.
+    const absl::Status valid = s.ok() ? ValidateJoinResponse(response, node, UcxCheck())
+                                      : absl::OkStatus();
+    if (!valid.ok()) {
+      HSAP_LOG(WARNING) << "node " << node << " answered Join with a bad field: " << valid;
+    }
+    if (s.ok() && valid.ok()) {
       PeerJoined(node, response.incarnation(), response.ucx_worker_address());
     } else {
       absl::MutexLock lock(&mu_);
@@ -385,13 +392,9 @@ grpc::Status Cluster::OnJoin(const v1::JoinRequest& request, v1::JoinResponse* r
     n = static_cast<int32_t>(peers_.size());
     devices = options_.devices_per_node;
   }
-  if (request.num_nodes() != n || request.node_rank() < 0 || request.node_rank() >= n ||
-      request.node_rank() == self || request.devices_per_node() != devices) {
-    return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
-        "Join from node ", request.node_rank(), " of ", request.num_nodes(), " with ",
-        request.devices_per_node(), " devices per node; this is node ", self, " of ", n, " with ",
-        devices)));
-  }
+  // Every field, the UCX address included, before anything uses it.
+  const absl::Status valid = ValidateJoinRequest(request, ClusterShape{self, n, devices}, UcxCheck());
+  if (!valid.ok()) return ToGrpc(valid);
   PeerJoined(request.node_rank(), request.incarnation(), request.ucx_worker_address());
   response->set_node_rank(self);
   response->set_incarnation(incarnation_);
@@ -438,16 +441,19 @@ absl::Status Cluster::ValidateCallRequest(int32_t node_rank, const std::string& 
                                                    " is not another node of the ", n,
                                                    "-node cluster (this is node ", self, ")"));
   }
-  if (group.empty()) return absl::InvalidArgumentError("group: empty");
-  return absl::OkStatus();
+  return ValidateCallFields(group, nullptr);
+}
+
+std::function<absl::Status(absl::string_view)> Cluster::UcxCheck() const {
+  if (worker_ == nullptr) return nullptr;
+  transport::UcxWorker* worker = worker_;
+  return [worker](absl::string_view address) { return worker->ValidatePeerAddress(address); };
 }
 
 grpc::Status Cluster::OnAgreePlan(const v1::AgreePlanRequest& request,
                                   v1::AgreePlanResponse* response) {
   absl::Status valid = ValidateCallRequest(request.node_rank(), request.group());
-  if (valid.ok() && request.plan_key().empty()) {
-    valid = absl::InvalidArgumentError("plan_key: empty");
-  }
+  if (valid.ok()) valid = ValidateCallFields(request.group(), &request.plan_key());
   if (!valid.ok()) return ToGrpc(valid);
   const CallKey call{request.group(), request.call_seq(), request.backward()};
   const std::string mine = agreement_.OnRemote(call, request.node_rank(), request.plan_key());
@@ -457,7 +463,8 @@ grpc::Status Cluster::OnAgreePlan(const v1::AgreePlanRequest& request,
 }
 
 grpc::Status Cluster::OnAbortCall(const v1::AbortCallRequest& request) {
-  const absl::Status valid = ValidateCallRequest(request.node_rank(), request.group());
+  absl::Status valid = ValidateCallRequest(request.node_rank(), request.group());
+  if (valid.ok()) valid = ValidateAbortFields(request);
   if (!valid.ok()) return ToGrpc(valid);
   ApplyAbort(request);
   return grpc::Status::OK;

@@ -145,8 +145,11 @@ class Cluster {
   grpc::Status OnHeartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
   grpc::Status OnAgreePlan(const v1::AgreePlanRequest& request, v1::AgreePlanResponse* response);
   grpc::Status OnAbortCall(const v1::AbortCallRequest& request);
-  // Per-call peer requests: node_rank another member, group non-empty.
+  // Per-call peer requests: node_rank another member, group non-empty and
+  // bounded (peer_validation.h).
   absl::Status ValidateCallRequest(int32_t node_rank, const std::string& group) const;
+  // The UCX address check of this node's worker (null without one).
+  std::function<absl::Status(absl::string_view)> UcxCheck() const;
   // Records an abort (ours or a peer's) and runs the call-abort callbacks.
   void ApplyAbort(const v1::AbortCallRequest& request);
 

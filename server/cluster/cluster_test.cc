@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <memory>
+#include <functional>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -225,6 +227,43 @@ TEST_F(ClusterTest, FormsAgreesLosesANodeAndReforms) {
       EXPECT_THAT(s2.error_message(), HasSubstr(c.field));
     }
     EXPECT_EQ(nodes_[0].call_aborts, aborts_before);  // nothing was aborted
+
+    // Joins with garbage fields (UCX used to abort on these addresses) are
+    // INVALID_ARGUMENT naming the field; the cluster stays formed.
+    std::mt19937 rng(5);
+    std::string random_64k(64 << 10, '\0');
+    for (char& c : random_64k) c = static_cast<char>(rng());
+    struct JoinCase {
+      std::function<void(v1::JoinRequest&)> edit;
+      std::string field;
+    };
+    const JoinCase joins[] = {
+        {[](v1::JoinRequest& r) { r.set_ucx_worker_address(std::string(8, '\xff')); },
+         "ucx_worker_address has format version 15"},
+        {[&](v1::JoinRequest& r) { r.set_ucx_worker_address(random_64k); }, "ucx_worker_address has 65536 bytes"},
+        {[](v1::JoinRequest& r) { r.set_ucx_worker_address(""); }, "ucx_worker_address is empty"},
+        {[](v1::JoinRequest& r) { r.set_node_rank(7); }, "node_rank is 7 but num_nodes is 3"},
+        {[](v1::JoinRequest& r) { r.set_num_nodes(-2); }, "num_nodes is -2"},
+        {[](v1::JoinRequest& r) { r.set_devices_per_node(0); }, "devices_per_node is 0"},
+        {[](v1::JoinRequest& r) { r.set_incarnation(0); }, "incarnation is 0"},
+        {[](v1::JoinRequest& r) { r.set_version(std::string("v\0\x01", 3)); }, "version must be"},
+    };
+    for (const JoinCase& c : joins) {
+      v1::JoinRequest join;
+      join.set_node_rank(1);
+      join.set_num_nodes(kNodes);
+      join.set_devices_per_node(1);
+      join.set_incarnation(nodes_[1].cluster->incarnation());
+      join.set_ucx_worker_address(nodes_[1].worker->Address());
+      join.set_version("test");
+      c.edit(join);
+      v1::JoinResponse joined;
+      grpc::ClientContext ctx;
+      const grpc::Status st = stub->Join(&ctx, join, &joined);
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field << ": " << st.error_message();
+      EXPECT_THAT(st.error_message(), HasSubstr(c.field));
+    }
+    EXPECT_TRUE(nodes_[0].cluster->formed());
   }
 
   // Node 2 goes away.

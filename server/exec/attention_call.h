@@ -38,6 +38,9 @@ struct ValidationLimits {
 
 struct AttentionCall {
   bool backward = false;
+  // The client session that made the call (0 = unknown); the call matcher
+  // scopes group state to sessions (CallArrival::session).
+  uint64_t session = 0;
   // Collective identity.
   std::string group;
   int32_t rank = 0;

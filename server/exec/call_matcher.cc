@@ -1,31 +1,128 @@
 #include "server/exec/call_matcher.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 
 namespace hsap {
+
+void CallMatcher::SetLimits(CallMatcherLimits limits) { limits_ = std::move(limits); }
+
+bool CallMatcher::AnyoneWaiting(const GroupState& g) {
+  for (const auto& [seq, call] : g.calls) {
+    if (call.waiting > 0) return true;
+  }
+  return false;
+}
+
+void CallMatcher::MaybeRelease(const std::string& name, bool idle) {
+  auto it = groups_.find(name);
+  if (it == groups_.end()) return;
+  const GroupState& g = it->second;
+  const bool unowned = g.sessions.empty() && !g.anonymous;
+  if ((!unowned && !idle) || AnyoneWaiting(g)) return;
+  for (uint64_t session : g.sessions) {
+    auto s = groups_of_session_.find(session);
+    if (s == groups_of_session_.end()) continue;
+    s->second.erase(name);
+    if (s->second.empty()) groups_of_session_.erase(s);
+  }
+  groups_.erase(it);
+}
+
+void CallMatcher::SweepIdle(bool force) {
+  const absl::Time now = absl::Now();
+  if (!force && now - last_sweep_ < absl::Seconds(1)) return;
+  last_sweep_ = now;
+  std::vector<std::string> idle;
+  for (const auto& [name, g] : groups_) {
+    if (now - g.last_used >= limits_.idle_timeout) idle.push_back(name);
+  }
+  for (const std::string& name : idle) MaybeRelease(name, /*idle=*/true);
+}
+
+absl::StatusOr<CallMatcher::GroupState*> CallMatcher::FindOrAddGroup(const CallArrival& a) {
+  SweepIdle(/*force=*/false);
+  auto it = groups_.find(a.group);
+  if (it == groups_.end()) {
+    if (static_cast<int>(groups_.size()) >= limits_.max_groups) SweepIdle(/*force=*/true);
+    if (static_cast<int>(groups_.size()) >= limits_.max_groups) {
+      if (limits_.on_refusal) limits_.on_refusal("max_call_groups");
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the daemon already tracks ", groups_.size(), " call groups, the limit "
+          "(--max_call_groups); group '", a.group, "' cannot start until a group is released "
+          "(every session of it closed, or idle for ",
+          absl::FormatDuration(limits_.idle_timeout), ")"));
+    }
+    it = groups_.try_emplace(a.group).first;
+  }
+  GroupState& g = it->second;
+  g.last_used = absl::Now();
+  return &g;
+}
+
+void CallMatcher::OnSessionClosed(uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  auto s = groups_of_session_.find(session);
+  if (s == groups_of_session_.end()) return;
+  const absl::flat_hash_set<std::string> names = std::move(s->second);
+  groups_of_session_.erase(s);
+  for (const std::string& name : names) {
+    auto it = groups_.find(name);
+    if (it == groups_.end()) continue;
+    GroupState& g = it->second;
+    g.sessions.erase(session);
+    // The ranks it submitted start afresh for whoever submits them next.
+    for (auto r = g.ranks.begin(); r != g.ranks.end();) {
+      if (r->second.session == session) {
+        g.ranks.erase(r++);
+      } else {
+        ++r;
+      }
+    }
+    MaybeRelease(name, /*idle=*/false);
+  }
+}
 
 absl::StatusOr<std::shared_ptr<const MatchedCall>> CallMatcher::Arrive(const CallArrival& a,
                                                                       absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) return aborted_;
-  GroupState& g = groups_[a.group];
-  if (g.group_size == 0) g.group_size = a.group_size;
+  absl::StatusOr<GroupState*> found = FindOrAddGroup(a);
+  if (!found.ok()) return found.status();
+  GroupState& g = **found;
+  if (g.group_size == 0 || (g.ranks.empty() && g.calls.empty())) g.group_size = a.group_size;
   if (g.group_size != a.group_size) {
-    return absl::InvalidArgumentError(absl::StrCat("call.group_size is ", a.group_size,
-                                                   " but group '", a.group, "' has size ",
-                                                   g.group_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "call.group_size is ", a.group_size, " but group '", a.group, "' has size ", g.group_size,
+        " (it is in use by ", g.sessions.size(), " live session(s); a group name is released "
+        "when every session that used it has closed)"));
   }
-  auto last = g.last_seq.find(a.rank);
-  if (last != g.last_seq.end() && a.call_seq != last->second + 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "call.call_seq is ", a.call_seq, " but rank ", a.rank, " of group '", a.group,
-        "' last submitted ", last->second, a.call_seq <= last->second ? " (a replay)" : " (a skip)",
-        "; the next must be ", last->second + 1));
+  auto last = g.ranks.find(a.rank);
+  if (last != g.ranks.end()) {
+    const uint64_t prev = last->second.last_seq;
+    if (prev == std::numeric_limits<uint64_t>::max()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "call.call_seq is ", a.call_seq, " but rank ", a.rank, " of group '", a.group,
+          "' already submitted call_seq 18446744073709551615, the last one there is; "
+          "use a new group name to go on"));
+    }
+    if (a.call_seq != prev + 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "call.call_seq is ", a.call_seq, " but rank ", a.rank, " of group '", a.group,
+          "' last submitted ", prev, a.call_seq <= prev ? " (a replay)" : " (a skip)",
+          "; the next must be ", prev + 1));
+    }
   }
-  g.last_seq[a.rank] = a.call_seq;
+  g.ranks[a.rank] = RankState{a.call_seq, a.session};
+  if (a.session != 0) {
+    if (g.sessions.insert(a.session).second) groups_of_session_[a.session].insert(a.group);
+  } else {
+    g.anonymous = true;
+  }
 
   PendingCall& call = g.calls[a.call_seq];
   if (call.expected == 0) {
@@ -101,6 +198,9 @@ absl::StatusOr<std::shared_ptr<const MatchedCall>> CallMatcher::Arrive(const Cal
       }
     }
   }
+  g.last_used = absl::Now();
+  // Its sessions may have closed while this rank waited.
+  MaybeRelease(a.group, /*idle=*/false);
   return result;
 }
 

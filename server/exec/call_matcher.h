@@ -8,8 +8,19 @@
 //    key of the plan they would run: mask, shapes, options);
 //  * FAILED_PRECONDITION when a rank replays or skips a call_seq (each
 //    rank's calls of a group are numbered k, k + 1, ...);
-//  * the abort status after Abort() (draining, a lost peer).
+//  * the abort status after Abort() (draining, a lost peer);
+//  * RESOURCE_EXHAUSTED naming --max_call_groups when the table of groups
+//    is full.
 // A rank that arrives after its call already failed gets that failure at once.
+//
+// Group state (its size, each rank's last call_seq) is scoped to the
+// sessions that took part in it: OnSessionClosed(s) forgets the ranks
+// session s submitted (so a stray session that submitted another job's
+// rank cannot lock that rank out once it has gone) and releases the group
+// once every session that took part has closed and no rank waits in it.
+// A group nobody used for CallMatcherLimits::idle_timeout is released too
+// (arrivals without a session, session 0, are released only that way).
+// A released group starts afresh: any group size, any first call_seq.
 //
 // Thread-safe.
 #ifndef HSAP_SERVER_EXEC_CALL_MATCHER_H_
@@ -23,6 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -38,6 +50,8 @@ struct GroupResources {
 };
 
 struct CallArrival {
+  // The client session of the rank (SessionManager's id); 0 = unknown.
+  uint64_t session = 0;
   std::string group;
   int32_t group_size = 1;
   int32_t rank = 0;
@@ -62,6 +76,14 @@ struct MatchedCall {
   std::shared_ptr<GroupResources> resources;
 };
 
+// The defaults are hsapd's flag defaults (server/main.cc).
+struct CallMatcherLimits {
+  int max_groups = 4096;                                // --max_call_groups
+  absl::Duration idle_timeout = absl::Minutes(10);      // --call_group_idle_s
+  // Called with the flag name when a cap refuses an arrival.
+  std::function<void(const char* flag)> on_refusal;
+};
+
 class CallMatcher {
  public:
   using ResourceFactory =
@@ -80,7 +102,14 @@ class CallMatcher {
   // Fails every call waiting now, and every later arrival, with `reason`.
   void Abort(const absl::Status& reason);
 
-  // Groups known (for status pages and tests).
+  // Replaces the limits. REQUIRES: before the first Arrive.
+  void SetLimits(CallMatcherLimits limits);
+
+  // Session `session` closed: see the file comment. Thread-safe, O(the
+  // session's groups).
+  void OnSessionClosed(uint64_t session);
+
+  // Groups known (hsap_call_groups, status pages and tests).
   int num_groups() const;
 
  private:
@@ -93,18 +122,39 @@ class CallMatcher {
     std::shared_ptr<MatchedCall> matched;  // set when complete
     int32_t waiting = 0;   // ranks inside Arrive for this call
   };
+  struct RankState {
+    uint64_t last_seq = 0;
+    uint64_t session = 0;  // who submitted it
+  };
   struct GroupState {
     int32_t group_size = 0;
-    absl::flat_hash_map<int32_t, uint64_t> last_seq;  // per rank
+    absl::flat_hash_map<int32_t, RankState> ranks;
     // node_hash_map: waiting ranks hold references to their PendingCall
     // while other ranks insert later calls.
     absl::node_hash_map<uint64_t, PendingCall> calls;
+    absl::flat_hash_set<uint64_t> sessions;  // live sessions that took part
+    bool anonymous = false;                  // an arrival without a session
+    absl::Time last_used;
   };
 
+  absl::StatusOr<GroupState*> FindOrAddGroup(const CallArrival& a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases groups idle for idle_timeout; at most once a second unless
+  // `force`.
+  void SweepIdle(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases `name` if nothing keeps it: no live session (and no anonymous
+  // arrival) or idle, and no rank waiting in it.
+  void MaybeRelease(const std::string& name, bool idle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool AnyoneWaiting(const GroupState& g);
+
   const ResourceFactory factory_;
+  CallMatcherLimits limits_;
   mutable absl::Mutex mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   absl::node_hash_map<std::string, GroupState> groups_ ABSL_GUARDED_BY(mu_);  // stable refs
+  absl::flat_hash_map<uint64_t, absl::flat_hash_set<std::string>> groups_of_session_
+      ABSL_GUARDED_BY(mu_);
+  absl::Time last_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace hsap

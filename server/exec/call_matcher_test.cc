@@ -1,11 +1,13 @@
 #include "server/exec/call_matcher.h"
 
 #include <atomic>
+#include <limits>
 #include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
 
 namespace hsap {
 namespace {
@@ -170,6 +172,112 @@ TEST(CallMatcherTest, FastRanksRunAheadSafely) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
+}
+
+}  // namespace
+}  // namespace hsap
+
+namespace hsap {
+namespace {
+
+CallArrival SessionArrival(uint64_t session, const std::string& group, int32_t rank, uint64_t seq,
+                           int32_t size) {
+  CallArrival a = Arrival(rank, seq, "k", size);
+  a.group = group;
+  a.session = session;
+  return a;
+}
+
+TEST(CallMatcherGroupsTest, AGroupIsReleasedWhenItsSessionsClose) {
+  CallMatcher m;
+  ASSERT_TRUE(m.Arrive(SessionArrival(5, "X", 0, 1, 1), absl::Now() + absl::Seconds(1)).ok());
+  // While session 5 lives, X keeps its size.
+  auto two = m.Arrive(SessionArrival(6, "X", 0, 1, 2), absl::Now() + absl::Milliseconds(10));
+  EXPECT_EQ(two.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(two.status().message()), HasSubstr("in use by 1 live session(s)"));
+  EXPECT_EQ(m.num_groups(), 1);
+  m.OnSessionClosed(5);
+  EXPECT_EQ(m.num_groups(), 0);
+  // A later 2-rank job may use the name.
+  auto r = RunRanks(m, {SessionArrival(7, "X", 0, 1, 2), SessionArrival(8, "X", 1, 1, 2)},
+                    absl::Seconds(10));
+  for (auto& x : r) EXPECT_TRUE(x.ok()) << x.status();
+  m.OnSessionClosed(7);
+  EXPECT_EQ(m.num_groups(), 1);  // session 8 still has it
+  m.OnSessionClosed(8);
+  EXPECT_EQ(m.num_groups(), 0);
+}
+
+TEST(CallMatcherGroupsTest, AStrayRankIsForgottenWhenItsSessionCloses) {
+  CallMatcher m;
+  // Session 66 submits rank 0 of someone else's group and goes away.
+  auto stray = m.Arrive(SessionArrival(66, "job", 0, 1, 2), absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(stray.status().code(), absl::StatusCode::kDeadlineExceeded);
+  // The real rank 1 is already in the group (its session stays alive).
+  ASSERT_EQ(m.Arrive(SessionArrival(2, "job", 1, 1, 2), absl::Now()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);  // call 1 already failed: the same failure
+  m.OnSessionClosed(66);
+  EXPECT_EQ(m.num_groups(), 1);
+  // The real rank 0 may start at call_seq 1 ... (call 1 failed for everyone)
+  EXPECT_EQ(m.Arrive(SessionArrival(1, "job", 0, 1, 2), absl::Now()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // ... and the group goes on with call 2.
+  auto r = RunRanks(m, {SessionArrival(1, "job", 0, 2, 2), SessionArrival(2, "job", 1, 2, 2)},
+                    absl::Seconds(10));
+  for (auto& x : r) EXPECT_TRUE(x.ok()) << x.status();
+}
+
+TEST(CallMatcherGroupsTest, ThousandsOfOneCallGroupsLeaveNothingBehind) {
+  CallMatcher m;
+  // 10 sessions one after the other, each running 500 one-call groups.
+  for (uint64_t s = 1; s <= 10; ++s) {
+    for (int i = 0; i < 500; ++i) {
+      ASSERT_TRUE(m.Arrive(SessionArrival(s, absl::StrCat("g", s, "-", i), 0, 1, 1),
+                           absl::Now() + absl::Seconds(1))
+                      .ok());
+    }
+    EXPECT_EQ(m.num_groups(), 500);
+    m.OnSessionClosed(s);
+    EXPECT_EQ(m.num_groups(), 0);
+  }
+}
+
+TEST(CallMatcherGroupsTest, IdleGroupsAreReleasedAndTheTableIsBounded) {
+  CallMatcher m;
+  std::vector<std::string> refused;
+  m.SetLimits({.max_groups = 3,
+               .idle_timeout = absl::Milliseconds(300),
+               .on_refusal = [&refused](const char* flag) { refused.push_back(flag); }});
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(m.Arrive(SessionArrival(1, absl::StrCat("g", i), 0, 1, 1), absl::Now()).ok());
+  }
+  auto full = m.Arrive(SessionArrival(1, "g3", 0, 1, 1), absl::Now());
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("--max_call_groups"));
+  EXPECT_EQ(refused, std::vector<std::string>{"max_call_groups"});
+  // Session 1 is still open, but its groups go idle and make room.
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_TRUE(m.Arrive(SessionArrival(1, "g3", 0, 1, 1), absl::Now()).ok());
+  EXPECT_EQ(m.num_groups(), 1);
+  // Arrivals without a session (0) are released by idleness alone.
+  ASSERT_TRUE(m.Arrive(Arrival(0, 1, "k", 1), absl::Now()).ok());
+  EXPECT_EQ(m.num_groups(), 2);
+  absl::SleepFor(absl::Milliseconds(1100));  // sweeps run at most once a second
+  EXPECT_TRUE(m.Arrive(SessionArrival(2, "late", 0, 1, 1), absl::Now()).ok());
+  EXPECT_EQ(m.num_groups(), 1);
+}
+
+TEST(CallMatcherGroupsTest, TheLastCallSeqSaysTheSequenceIsExhausted) {
+  CallMatcher m;
+  const uint64_t last = std::numeric_limits<uint64_t>::max();
+  ASSERT_TRUE(m.Arrive(SessionArrival(1, "w", 0, last, 1), absl::Now() + absl::Seconds(1)).ok());
+  for (uint64_t next : {uint64_t{0}, last}) {
+    auto r = m.Arrive(SessionArrival(1, "w", 0, next, 1), absl::Now() + absl::Seconds(1));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("already submitted call_seq 18446744073709551615, the last one there is"));
+    EXPECT_THAT(std::string(r.status().message()), ::testing::Not(HasSubstr("the next must be 0")));
+  }
 }
 
 }  // namespace

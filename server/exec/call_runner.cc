@@ -129,6 +129,7 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
   outcome->strategy = static_cast<int>((*plan)->strategy);
 
   CallArrival arrival;
+  arrival.session = call.session;  // group state is scoped to sessions
   arrival.group = call.group;
   arrival.group_size = call.group_size;
   arrival.rank = call.rank;

@@ -57,8 +57,18 @@ grpc::Status RunCall(const AttentionDeps& deps, const grpc::ServerContext& conte
   absl::StatusOr<AttentionCall> call = validate(request, *session, deps.regions, *deps.limits);
   if (!call.ok()) return ToGrpcStatus(call.status());
   call->cancelled = [&context] { return context.IsCancelled(); };
+  call->session = *session;  // the matcher scopes groups to sessions
   CallOutcome outcome;
   absl::Status st = deps.runner->Run(*call, &outcome);
+  // A region the client shrank under the call (SIGBUS caught, zero pages
+  // read) voids the call's results, whatever it returned.
+  for (const BoundTensor* t : {&call->q, &call->k, &call->v, &call->o, &call->lse, &call->d_o,
+                               &call->dq, &call->dk, &call->dv}) {
+    if (absl::Status intact = t->pin.CheckIntact(); !intact.ok()) {
+      st = std::move(intact);
+      break;
+    }
+  }
   if (!st.ok()) {
     HSAP_LOG(WARNING) << "call " << call->group << "/" << call->call_seq << " rank " << call->rank
                       << " failed: " << st;

@@ -277,9 +277,9 @@ absl::StatusOr<AttentionCall> ValidateCommon(const Request& r, uint64_t session,
     return absl::InvalidArgumentError(
         absl::StrCat("q.shape[1] (Hq) is ", hq, "; it must be in [1, ", limits.max_heads, "]"));
   }
-  if (d < 32 || d > 256 || d % 8 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "q.shape[2] (head_dim) is ", d, "; it must be a multiple of 8 in [32, 256]"));
+  if (d < 1 || d > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("q.shape[2] (head_dim) is ", d, "; it must be in [1, 256]"));
   }
   if (hkv < 1 || hq % hkv != 0) {
     return absl::InvalidArgumentError(absl::StrCat("k.shape[1] (Hkv) is ", hkv, " but Hq = ", hq,

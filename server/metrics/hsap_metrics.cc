@@ -57,7 +57,25 @@ HsapMetrics::HsapMetrics(Registry* registry, HsapMetricsOptions options)
                                     "Bytes of the registered shared-memory regions.")),
       sessions_(UnlabelledGauge(registry, "hsap_sessions", "Open client sessions.")),
       queue_depth_(UnlabelledGauge(registry, "hsap_queue_depth",
-                                   "Attention calls waiting to run.")) {
+                                   "Attention calls waiting to run.")),
+      region_mappings_(UnlabelledGauge(registry, "hsap_region_mappings",
+                                       "Client memory mappings alive (regions, and unregistered "
+                                       "ones a call still uses).")),
+      call_groups_(UnlabelledGauge(registry, "hsap_call_groups",
+                                   "Call groups the call matcher keeps state for.")) {
+  Family<Gauge>& limits = BuildGauge()
+                              .Name("hsap_limit")
+                              .Help("The value of each cap, by its hsapd flag name.")
+                              .Register(*registry);
+  Family<Counter>& refusals = BuildCounter()
+                                  .Name("hsap_limit_refusals_total")
+                                  .Help("Requests refused RESOURCE_EXHAUSTED by a cap, by its "
+                                        "hsapd flag name.")
+                                  .Register(*registry);
+  for (size_t i = 0; i < kLimitLabels.size(); ++i) {
+    limit_values_[i] = &limits.Add({{"limit", std::string(kLimitLabels[i])}});
+    limit_refusals_[i] = &refusals.Add({{"limit", std::string(kLimitLabels[i])}});
+  }
   Family<Histogram>& duration = BuildHistogram()
                                     .Name("hsap_call_duration_seconds")
                                     .Help("Attention call latency, from arrival to reply.")
@@ -158,5 +176,32 @@ bool HsapMetrics::RecordDeviceBusy(int device, double seconds) {
   device_busy_[device]->Increment(seconds);
   return true;
 }
+
+namespace {
+int LimitIndex(absl::string_view limit) {
+  for (size_t i = 0; i < kLimitLabels.size(); ++i) {
+    if (kLimitLabels[i] == limit) return static_cast<int>(i);
+  }
+  return -1;
+}
+}  // namespace
+
+bool HsapMetrics::SetLimit(absl::string_view limit, double value) {
+  const int i = LimitIndex(limit);
+  if (i < 0) return false;
+  limit_values_[i]->Set(value);
+  return true;
+}
+
+bool HsapMetrics::RecordLimitRefusal(absl::string_view limit) {
+  const int i = LimitIndex(limit);
+  if (i < 0) return false;
+  limit_refusals_[i]->Increment();
+  return true;
+}
+
+void HsapMetrics::SetRegionMappings(int64_t count) { region_mappings_.Set(count); }
+
+void HsapMetrics::SetCallGroups(int64_t count) { call_groups_.Set(count); }
 
 }  // namespace hsap::metrics

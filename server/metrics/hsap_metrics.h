@@ -16,6 +16,10 @@
 //   hsap_sessions                                   gauge
 //   hsap_queue_depth                                gauge (calls waiting)
 //   hsap_device_busy_seconds_total{device}          counter
+//   hsap_limit{limit}                               gauge (each cap's value)
+//   hsap_limit_refusals_total{limit}                counter (requests a cap refused)
+//   hsap_region_mappings                            gauge (live client mappings)
+//   hsap_call_groups                                gauge (groups the matcher tracks)
 //   hsap_build_info{version}                        gauge, always 1
 //
 // Thread-safety: every method is thread-safe and, after a series' first
@@ -56,6 +60,14 @@ enum class LinkTier : uint8_t { kIntraNode = 0, kInterNode = 1 };
 // any other string is recorded as "other".
 inline constexpr std::array<absl::string_view, 7> kStrategyLabels = {
     "ring", "allgather", "ulysses", "usp", "sap", "hsap", "auto"};
+
+// The limit label values: hsapd's flag names of its caps
+// (docs/reliability.md lists them with their defaults).
+inline constexpr std::array<absl::string_view, 10> kLimitLabels = {
+    "max_sessions",          "max_pending_fds_per_session", "max_regions_per_session",
+    "max_regions",           "max_region_bytes_per_session", "max_region_bytes",
+    "max_region_mappings",   "max_call_groups",              "plan_cache_bytes",
+    "max_message_bytes"};
 
 struct HsapMetricsOptions {
   // Label values of hsap_device_busy_seconds_total, one per device slot of
@@ -125,6 +137,15 @@ class HsapMetrics {
   // `seconds`. An index out of range is ignored (and returns false).
   bool RecordDeviceBusy(int device, double seconds);
 
+  // The value of cap `limit` (one of kLimitLabels; others are ignored and
+  // return false).
+  bool SetLimit(absl::string_view limit, double value);
+  // Cap `limit` refused a request (kLimitLabels; others are ignored).
+  bool RecordLimitRefusal(absl::string_view limit);
+  // Live client mappings and call groups.
+  void SetRegionMappings(int64_t count);
+  void SetCallGroups(int64_t count);
+
  private:
   static constexpr int kNumOps = 2;
   static constexpr int kNumStrategies = kStrategyLabels.size() + 1;  // + "other"
@@ -148,6 +169,10 @@ class HsapMetrics {
   Gauge& sessions_;
   Gauge& queue_depth_;
   std::vector<Counter*> device_busy_;
+  std::array<Gauge*, kLimitLabels.size()> limit_values_{};
+  std::array<Counter*, kLimitLabels.size()> limit_refusals_{};
+  Gauge& region_mappings_;
+  Gauge& call_groups_;
 
   absl::Mutex cache_mu_;
   PlanCacheSnapshot last_cache_ ABSL_GUARDED_BY(cache_mu_);

@@ -50,6 +50,24 @@ TEST_F(HsapMetricsTest, FixedSeriesExistAtZero) {
   EXPECT_FALSE(absl::StrContains(text, "hsap_calls_total{")) << text;
 }
 
+TEST_F(HsapMetricsTest, LimitsAndTheirRefusals) {
+  EXPECT_TRUE(metrics_.SetLimit("max_sessions", 256));
+  EXPECT_TRUE(metrics_.RecordLimitRefusal("max_sessions"));
+  EXPECT_TRUE(metrics_.RecordLimitRefusal("max_sessions"));
+  EXPECT_FALSE(metrics_.SetLimit("max_unicorns", 1));  // not a label value
+  EXPECT_FALSE(metrics_.RecordLimitRefusal("group-7"));
+  metrics_.SetRegionMappings(12);
+  metrics_.SetCallGroups(3);
+  const std::string text = Text();
+  for (const char* line : {"hsap_limit{limit=\"max_sessions\"} 256",
+                           "hsap_limit_refusals_total{limit=\"max_sessions\"} 2",
+                           "hsap_limit_refusals_total{limit=\"max_call_groups\"} 0",
+                           "hsap_region_mappings 12", "hsap_call_groups 3"}) {
+    EXPECT_TRUE(HasLine(text, line)) << line << "\n" << text;
+  }
+  EXPECT_FALSE(absl::StrContains(text, "max_unicorns"));
+}
+
 TEST_F(HsapMetricsTest, RecordCallCountsAndTimes) {
   metrics_.RecordCall(CallOp::kForward, "hsap", absl::StatusCode::kOk, 0.003);
   metrics_.RecordCall(CallOp::kForward, "hsap", absl::StatusCode::kOk, 0.003);

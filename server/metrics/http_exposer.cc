@@ -67,6 +67,10 @@ int SendText(mg_connection* conn, int status, const char* reason, const std::str
 absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Create(const ExposerOptions& options) {
   absl::Status address = ValidateBindAddress(options.bind_address);
   if (!address.ok()) return address;
+  if (options.request_timeout_ms < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "metrics request_timeout_ms is %d; must be >= 1", options.request_timeout_ms));
+  }
   if (options.num_threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("metrics num_threads is %d; must be >= 1", options.num_threads));
@@ -81,6 +85,9 @@ absl::StatusOr<std::unique_ptr<Exposer>> Exposer::Create(const ExposerOptions& o
       "num_threads",        threads.c_str(),
       "request_timeout_ms", timeout.c_str(),
       "enable_keep_alive",  "no",
+      // Closing a connection waits at most this long for the client to
+      // read the rest (a reader that never does cannot hold the thread).
+      "linger_timeout_ms",  timeout.c_str(),
       nullptr,
   };
   mg_callbacks callbacks;

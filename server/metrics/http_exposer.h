@@ -1,6 +1,10 @@
 // Serves the text exposition format over HTTP (prometheus-cpp's Exposer),
 // with civetweb.
 //
+// Slow and idle clients: keep-alive is off (one request per connection),
+// and a connection that does not progress for request_timeout_ms is
+// dropped, so half-sent requests cannot hold civetweb's threads.
+//
 //   GET /metrics       200, Content-Type: text/plain; version=0.0.4;
 //                      charset=utf-8, the families of every registered
 //                      Collectable in registration order
@@ -38,10 +42,16 @@ struct ExposerOptions {
   // "host:port" with an IP literal host ("127.0.0.1", "0.0.0.0", "[::1]");
   // port 0 picks a free port (see Exposer::port()).
   std::string bind_address = "127.0.0.1:0";
-  // civetweb worker threads: concurrent scrapes served at once.
-  int num_threads = 2;
-  // A request that has not been read within this time is dropped.
-  int request_timeout_ms = 10000;
+  // civetweb worker threads: connections served at once. Each connection
+  // holds one from accept to its last byte, so idle or slow clients up to
+  // this many delay nobody (hsapd --metrics_threads).
+  int num_threads = 8;
+  // A connection whose request (or our answer) does not move for this long
+  // is dropped, freeing its thread: beyond num_threads idle clients, a
+  // scrape waits at most about this long per num_threads of them
+  // (hsapd --metrics_request_timeout_ms). A scrape on loopback takes
+  // milliseconds.
+  int request_timeout_ms = 2000;
 };
 
 class Exposer {

@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/metrics/registry.h"
 #include "server/metrics/test_util.h"
@@ -154,6 +156,53 @@ TEST_F(ExposerTest, ConcurrentScrapesWhileUpdating) {
   absl::StatusOr<HttpResponse> last = HttpRequest(exposer_->port(), "GET", "/metrics");
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_NE(last->body.find("busy_total{w=\"all\"} 100000\n"), std::string::npos) << last->body;
+}
+
+// Connects to the exposer and sends half a request header, then waits.
+int HalfRequest(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const char half[] = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+  EXPECT_GT(send(fd, half, sizeof(half) - 1, MSG_NOSIGNAL), 0);
+  return fd;
+}
+
+// Idle clients that send half a request header used to hold both of
+// civetweb's threads for 10 s each: a scrape behind four of them took more
+// than 13 s.
+TEST(ExposerSlowClientsTest, IdleHalfRequestsDoNotBlockAScrape) {
+  Registry registry;
+  BuildCounter().Name("up_total").Help("Up.").Register(registry).Add({}).Increment(1);
+  auto exposer = StartOrDie();
+  ASSERT_NE(exposer, nullptr);
+  exposer->RegisterCollectable(&registry);
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(HalfRequest(exposer->port()));
+  absl::SleepFor(absl::Milliseconds(100));  // all four are with civetweb now
+  absl::Time start = absl::Now();
+  auto r = HttpRequest(exposer->port(), "GET", "/metrics", absl::Seconds(20));
+  const absl::Duration four = absl::Now() - start;
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status_code, 200);
+  EXPECT_NE(r->body.find("up_total 1"), std::string::npos);
+  EXPECT_LT(four, absl::Seconds(1));
+  // More idle clients than threads: a scrape waits about one request
+  // timeout per num_threads of them, not forever.
+  for (int i = 0; i < 12; ++i) idle.push_back(HalfRequest(exposer->port()));
+  absl::SleepFor(absl::Milliseconds(100));
+  start = absl::Now();
+  r = HttpRequest(exposer->port(), "GET", "/metrics", absl::Seconds(20));
+  const absl::Duration sixteen = absl::Now() - start;
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status_code, 200);
+  EXPECT_LT(sixteen, absl::Milliseconds(ExposerOptions().request_timeout_ms * 2 + 1500));
+  std::printf("scrape behind 4 idle clients: %s; behind 16: %s\n",
+              absl::FormatDuration(four).c_str(), absl::FormatDuration(sixteen).c_str());
+  for (int fd : idle) close(fd);
 }
 
 TEST(ExposerLifetimeTest, DestructionStopsListening) {

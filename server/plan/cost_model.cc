@@ -1,6 +1,15 @@
 #include "server/plan/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include "absl/base/macros.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 #include "server/plan/plan.h"
 
@@ -163,18 +172,119 @@ std::vector<std::string> HardwareProfileNames() {
   return names;
 }
 
-bool IsKnownProfile(absl::string_view name) {
-  for (const HardwareProfile& p : Profiles()) {
-    if (p.name == name) return true;
+namespace {
+
+// One field of a parametric profile: where it goes, its unit (value in the
+// string / divisor = the member's value; a division by an exact power of
+// ten rounds as the literal "15e-6" does), its range, whether the string
+// must give it.
+struct CustomField {
+  absl::string_view name;
+  double HardwareProfile::*member;
+  double divisor;
+  double min, max;
+  bool min_exclusive;
+  bool required;
+};
+
+constexpr CustomField kCustomFields[] = {
+    {"flops", &HardwareProfile::attention_flops, 1.0, 1.0, 1e21, false, true},
+    {"inter_bytes_per_s", &HardwareProfile::inter_bytes_per_s, 1.0, 1.0, 1e15, false, true},
+    {"intra_bytes_per_s", &HardwareProfile::intra_bytes_per_s, 1.0, 1.0, 1e15, false, true},
+    {"inter_latency_us", &HardwareProfile::inter_latency_s, 1e6, 0.0, 1e9, false, false},
+    {"intra_latency_us", &HardwareProfile::intra_latency_s, 1e6, 0.0, 1e9, false, false},
+    {"backward_factor", &HardwareProfile::backward_factor, 1.0, 0.0, 100.0, true, false},
+};
+
+std::string CustomFieldNames() {
+  std::string out;
+  for (const CustomField& f : kCustomFields) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", f.name, f.required ? "" : " (optional)");
   }
-  return false;
+  return out;
 }
 
-const HardwareProfile& GetHardwareProfile(absl::string_view name) {
+absl::StatusOr<HardwareProfile> ParseCustomProfile(absl::string_view name) {
+  HardwareProfile p;
+  p.name = std::string(name);
+  p.description = "parametric profile";
+  p.backward_factor = 2.5;
+  const absl::string_view body = name.substr(kCustomProfilePrefix.size());
+  auto error = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("profile \"", name, "\": ", what));
+  };
+  bool seen[ABSL_ARRAYSIZE(kCustomFields)] = {};
+  for (absl::string_view item : absl::StrSplit(body, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == absl::string_view::npos) {
+      return error(absl::StrCat("item \"", item, "\" is not field=value; fields: ",
+                                CustomFieldNames()));
+    }
+    const absl::string_view field = item.substr(0, eq), text = item.substr(eq + 1);
+    size_t i = 0;
+    while (i < ABSL_ARRAYSIZE(kCustomFields) && kCustomFields[i].name != field) ++i;
+    if (i == ABSL_ARRAYSIZE(kCustomFields)) {
+      return error(absl::StrCat("unknown field \"", field, "\"; fields: ", CustomFieldNames()));
+    }
+    const CustomField& f = kCustomFields[i];
+    if (seen[i]) return error(absl::StrCat("field ", field, " is given twice"));
+    seen[i] = true;
+    double v = 0;
+    if (!absl::SimpleAtod(text, &v) || !std::isfinite(v)) {
+      return error(absl::StrCat("field ", field, " is \"", text, "\", not a finite number"));
+    }
+    if (v > f.max || v < f.min || (f.min_exclusive && v == f.min)) {
+      return error(absl::StrCat("field ", field, " is ", text, "; it must be in ",
+                                f.min_exclusive ? "(" : "[", f.min, ", ", f.max, "]"));
+    }
+    p.*f.member = v / f.divisor;
+  }
+  for (size_t i = 0; i < ABSL_ARRAYSIZE(kCustomFields); ++i) {
+    if (kCustomFields[i].required && !seen[i]) {
+      return error(absl::StrCat("field ", kCustomFields[i].name, " is missing; fields: ",
+                                CustomFieldNames()));
+    }
+  }
+  return p;
+}
+
+// The shortest %g form of value * divisor that the parser reads back as
+// `value` (it divides by `divisor`); the closest form if none does.
+std::string RoundTrip(double value, double divisor) {
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::string s = absl::StrFormat("%.*g", precision, value * divisor);
+    double back = 0;
+    if (absl::SimpleAtod(s, &back) && back / divisor == value) return s;
+  }
+  return absl::StrFormat("%.17g", value * divisor);
+}
+
+}  // namespace
+
+absl::StatusOr<HardwareProfile> ParseHardwareProfile(absl::string_view name) {
   for (const HardwareProfile& p : Profiles()) {
     if (p.name == name) return p;
   }
-  return Profiles().front();
+  if (absl::StartsWith(name, kCustomProfilePrefix)) return ParseCustomProfile(name);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "profile \"", name, "\" is unknown; known: ", absl::StrJoin(HardwareProfileNames(), ", "),
+      ", or ", kCustomProfilePrefix, "field=value,... (fields: ", CustomFieldNames(), ")"));
+}
+
+std::string CustomProfileString(const HardwareProfile& p) {
+  std::string out(kCustomProfilePrefix);
+  for (size_t i = 0; i < ABSL_ARRAYSIZE(kCustomFields); ++i) {
+    const CustomField& f = kCustomFields[i];
+    absl::StrAppend(&out, i == 0 ? "" : ",", f.name, "=", RoundTrip(p.*f.member, f.divisor));
+  }
+  return out;
+}
+
+bool IsKnownProfile(absl::string_view name) { return ParseHardwareProfile(name).ok(); }
+
+HardwareProfile GetHardwareProfile(absl::string_view name) {
+  absl::StatusOr<HardwareProfile> p = ParseHardwareProfile(name);
+  return p.ok() ? *std::move(p) : Profiles().front();
 }
 
 double StageTransferSeconds(const HardwareProfile& profile,

@@ -1,4 +1,5 @@
-// Cost model: named hardware profiles and the modeled time of a plan.
+// Cost model: hardware profiles (named, or parametric "custom:...") and the
+// modeled time of a plan.
 //
 // A profile gives each rank's link bandwidth per tier (intra-node, inter-node),
 // a per-transfer latency per tier and the attention throughput (FLOP/s) of
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/plan/plan.h"
 
@@ -38,11 +40,41 @@ struct HardwareProfile {
   double backward_factor = 2.5;  // backward FLOPs / forward FLOPs
 };
 
-// "h100", "h200", "cpu-loopback".
+// The named profiles: "h100", "h200", "cpu-loopback".
 std::vector<std::string> HardwareProfileNames();
+
+// The prefix of a parametric profile, and its fields (the HardwareProfile
+// members they set, with their units in the name):
+//
+//   custom:flops=6.2e9,inter_bytes_per_s=7.1e5,intra_bytes_per_s=2e9,
+//          inter_latency_us=250,intra_latency_us=30,backward_factor=2.5
+//   (one string, no spaces)
+//
+// flops (attention FLOP/s of one rank, forward), inter_bytes_per_s and
+// intra_bytes_per_s (per rank, one direction) are required; the latencies
+// (microseconds per transfer, default 0) and backward_factor (backward
+// FLOPs over forward FLOPs, default 2.5) are optional. Values are decimal
+// or scientific numbers; each field at most once. The profile's name is the
+// whole string (it is part of the plan key, so every node of a group must
+// be given the same string).
+inline constexpr absl::string_view kCustomProfilePrefix = "custom:";
+
+// A named profile or a parametric one. INVALID_ARGUMENT naming the profile
+// and, for a parametric one, the field and its value: an unknown name or
+// field, a missing, repeated or empty field, a value that is not a number or
+// is out of range (flops in [1, 1e21], bandwidths in [1, 1e15] bytes/s,
+// latencies in [0, 1e9] us, backward_factor in (0, 100]).
+absl::StatusOr<HardwareProfile> ParseHardwareProfile(absl::string_view name);
+
+// The canonical parametric string of `p` (every field, shortest round-trip
+// numbers that read back exactly where one exists):
+// ParseHardwareProfile(CustomProfileString(p)) gives p's figures.
+std::string CustomProfileString(const HardwareProfile& p);
+
+// ParseHardwareProfile(name).ok().
 bool IsKnownProfile(absl::string_view name);
 // REQUIRES: IsKnownProfile(name).
-const HardwareProfile& GetHardwareProfile(absl::string_view name);
+HardwareProfile GetHardwareProfile(absl::string_view name);
 
 struct Plan;
 

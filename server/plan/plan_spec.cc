@@ -214,9 +214,9 @@ absl::Status ValidatePlanSpec(const PlanSpec& spec) {
       bound += s.num_q() * s.num_k();
     }
   }
-  if (!IsKnownProfile(spec.profile)) {
-    return InvalidArgumentError(StrCat("profile \"", spec.profile, "\" is unknown; known: ",
-                                       absl::StrJoin(HardwareProfileNames(), ", ")));
+  if (absl::StatusOr<HardwareProfile> profile = ParseHardwareProfile(spec.profile);
+      !profile.ok()) {
+    return profile.status();
   }
   bool strategy_ok = false;
   for (const auto& [v, n] : kStrategyNames) strategy_ok |= v == spec.strategy;

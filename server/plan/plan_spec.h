@@ -116,7 +116,8 @@ struct PlanSpec {
   HeadShape shape;
   Strategy strategy = Strategy::kAuto;
   AssignmentPolicy assignment = AssignmentPolicy::kBalanced;
-  // A name from HardwareProfileNames() (cost_model.h).
+  // A name from HardwareProfileNames() or a parametric "custom:..." profile
+  // (cost_model.h, ParseHardwareProfile).
   std::string profile = "h100";
   // Upper bound on one stage's point-to-point receive buffer (K and V rows),
   // in bytes; it must hold at least one token row.

@@ -13,7 +13,7 @@ namespace hsap::shm {
 namespace {
 
 std::unique_ptr<MappedRegion> MakeMemfd(uint64_t size) {
-  const int fd = memfd_create("hsap-region-test", MFD_CLOEXEC);
+  const int fd = memfd_create("hsap-region-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   EXPECT_GE(fd, 0);
   EXPECT_EQ(ftruncate(fd, size), 0);
   auto r = MappedRegion::FromFd(fd, size, RegionKind::kMemfd);
@@ -37,7 +37,7 @@ TEST(RegionTest, CheckRangeIsOverflowSafe) {
 }
 
 TEST(RegionTest, SizeMustFitTheObject) {
-  const int fd = memfd_create("hsap-region-test", MFD_CLOEXEC);
+  const int fd = memfd_create("hsap-region-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(fd, 100), 0);
   auto r = MappedRegion::FromFd(fd, 200, RegionKind::kMemfd);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);

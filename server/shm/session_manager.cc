@@ -23,14 +23,24 @@ bool SameToken(absl::string_view a, absl::string_view b) {
 
 }  // namespace
 
-SessionManager::Credentials SessionManager::Begin(uint32_t uid, int32_t pid) {
+absl::StatusOr<SessionManager::Credentials> SessionManager::Begin(uint32_t uid, int32_t pid) {
   absl::MutexLock lock(&mu_);
+  if (static_cast<int>(sessions_.size()) >= max_sessions_) {
+    if (on_refusal_) on_refusal_("max_sessions");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the daemon already has ", sessions_.size(),
+        " open sessions, the limit (--max_sessions); close an idle client and retry"));
+  }
   const uint64_t id = next_id_++;
   Session& s = sessions_[id];
   s.token = RandomToken();
   s.uid = uid;
   s.pid = pid;
-  return {id, s.token};
+  return Credentials{id, s.token};
+}
+
+void SessionManager::AddCloseCallback(std::function<void(uint64_t session)> callback) {
+  close_callbacks_.push_back(std::move(callback));
 }
 
 void SessionManager::End(uint64_t id) {
@@ -43,6 +53,7 @@ void SessionManager::End(uint64_t id) {
     sessions_.erase(it);
   }
   registry_->DropSession(id);
+  for (const auto& callback : close_callbacks_) callback(id);
 }
 
 absl::Status SessionManager::Authenticate(uint64_t id, absl::string_view token) const {

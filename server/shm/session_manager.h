@@ -10,7 +10,9 @@
 #define HSAP_SERVER_SHM_SESSION_MANAGER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -26,7 +28,18 @@ class SessionManager {
   // At most this many memfds may wait for RegisterRegion per session.
   static constexpr int kMaxPendingFds = 64;
 
-  explicit SessionManager(RegionRegistry* registry) : registry_(registry) {}
+  // Open sessions at most (hsapd --max_sessions).
+  static constexpr int kDefaultMaxSessions = 256;
+
+  explicit SessionManager(RegionRegistry* registry, int max_sessions = kDefaultMaxSessions,
+                          LimitRefusalHook on_refusal = nullptr)
+      : registry_(registry), max_sessions_(max_sessions), on_refusal_(std::move(on_refusal)) {}
+  // Sets the session cap and the refusal hook. REQUIRES: before the
+  // session socket starts.
+  void Configure(int max_sessions, LimitRefusalHook on_refusal) {
+    max_sessions_ = max_sessions;
+    on_refusal_ = std::move(on_refusal);
+  }
   SessionManager(const SessionManager&) = delete;
   SessionManager& operator=(const SessionManager&) = delete;
 
@@ -36,10 +49,17 @@ class SessionManager {
   };
 
   // Opens a session for a peer with uid `uid` / pid `pid`.
-  Credentials Begin(uint32_t uid, int32_t pid);
+  // RESOURCE_EXHAUSTED naming --max_sessions when that many are open.
+  absl::StatusOr<Credentials> Begin(uint32_t uid, int32_t pid);
 
-  // Ends a session: closes its pending fds and drops its regions.
+  // Ends a session: closes its pending fds, drops its regions, then runs
+  // the close callbacks (outside every lock). Idempotent.
   void End(uint64_t id);
+
+  // `callback(session)` runs after each End of a live session (e.g. the
+  // call matcher forgetting the session's groups). Register before the
+  // session socket starts; not thread-safe against End.
+  void AddCloseCallback(std::function<void(uint64_t session)> callback);
 
   // UNAUTHENTICATED unless (id, token) names a live session.
   absl::Status Authenticate(uint64_t id, absl::string_view token) const;
@@ -62,6 +82,9 @@ class SessionManager {
   };
 
   RegionRegistry* const registry_;
+  int max_sessions_;
+  LimitRefusalHook on_refusal_;
+  std::vector<std::function<void(uint64_t)>> close_callbacks_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);

@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -75,7 +78,7 @@ TEST(SessionSocketTest, PassesFdsAndReclaimsOnDisconnect) {
   EXPECT_EQ(sessions.Authenticate(hello.session_id(), "wrong").code(),
             absl::StatusCode::kUnauthenticated);
 
-  const int mfd = memfd_create("hsap-session-test", MFD_CLOEXEC);
+  const int mfd = memfd_create("hsap-session-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(mfd, 4096), 0);
   SendFd(sock, 42, mfd);
   auto ack = Receive<hsap::v1::SessionFdAck>(sock);
@@ -119,6 +122,103 @@ TEST(SessionSocketTest, GarbageEndsTheSessionOnly) {
   const int good = Connect(path);
   EXPECT_GT(Receive<hsap::v1::SessionHello>(good).session_id(), 0u);
   close(good);
+}
+
+// Sends a transfer without waiting (MSG_DONTWAIT); false once the socket
+// buffer is full.
+bool TrySendFd(int sock, uint64_t transfer_id, int fd) {
+  hsap::v1::SessionFdTransfer t;
+  t.set_transfer_id(transfer_id);
+  std::string bytes = t.SerializeAsString();
+  iovec iov = {bytes.data(), bytes.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+  return sendmsg(sock, &msg, MSG_DONTWAIT) == static_cast<ssize_t>(bytes.size());
+}
+
+// A client that floods transfers and never reads its acks is throttled;
+// other sessions' hellos and fd passes are served at once meanwhile.
+TEST(SessionSocketTest, ASlowReaderDoesNotBlockOtherSessions) {
+  RegionRegistry registry;
+  SessionManager sessions(&registry);
+  const std::string path = ShortTempDir() + "/s.sock";
+  auto server = SessionSocket::Start(path, &sessions, getuid());
+  ASSERT_TRUE(server.ok());
+  const int flooder = Connect(path);
+  const auto flood_hello = Receive<hsap::v1::SessionHello>(flooder);
+  const int mfd = memfd_create("hsap-flood", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(mfd, 4096), 0);
+  int sent = 0;
+  for (uint64_t id = 1; id <= 2000 && TrySendFd(flooder, id, mfd); ++id) ++sent;
+  std::printf("the flooder got %d transfers into its socket before it filled\n", sent);
+  EXPECT_GT(sent, SessionSocket::kMaxQueuedAcks);
+  for (int round = 0; round < 5; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    const int other = Connect(path);
+    timeval tv = {2, 0};
+    setsockopt(other, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    const auto hello = Receive<hsap::v1::SessionHello>(other);
+    EXPECT_GT(hello.session_id(), 0u);
+    SendFd(other, 7, mfd);
+    const auto ack = Receive<hsap::v1::SessionFdAck>(other);
+    EXPECT_EQ(ack.code(), 0) << ack.message();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(ms, 500) << "round " << round;
+    close(other);
+  }
+  // The flooder's session is alive and gets every ack, in order, once it reads.
+  EXPECT_TRUE(sessions.Authenticate(flood_hello.session_id(), flood_hello.session_token()).ok());
+  timeval tv = {5, 0};
+  setsockopt(flooder, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  for (int i = 1; i <= sent; ++i) {
+    const auto ack = Receive<hsap::v1::SessionFdAck>(flooder);
+    ASSERT_EQ(ack.transfer_id(), static_cast<uint64_t>(i));
+    // 64 pending fds at most per session: later ones are refused, in order.
+    EXPECT_EQ(ack.code(), i <= SessionManager::kMaxPendingFds
+                              ? 0
+                              : static_cast<int>(absl::StatusCode::kResourceExhausted));
+  }
+  close(mfd);
+  close(flooder);
+}
+
+TEST(SessionSocketTest, SessionsPastTheCapGetAHelloWithResourceExhausted) {
+  RegionRegistry registry;
+  std::vector<std::string> refused;
+  SessionManager sessions(&registry, 2, [&refused](const char* flag) { refused.push_back(flag); });
+  const std::string path = ShortTempDir() + "/s.sock";
+  auto server = SessionSocket::Start(path, &sessions, getuid());
+  ASSERT_TRUE(server.ok());
+  const int a = Connect(path), b = Connect(path);
+  EXPECT_GT(Receive<hsap::v1::SessionHello>(a).session_id(), 0u);
+  EXPECT_GT(Receive<hsap::v1::SessionHello>(b).session_id(), 0u);
+  const int c = Connect(path);
+  const auto refusal = Receive<hsap::v1::SessionHello>(c);
+  EXPECT_EQ(refusal.session_id(), 0u);
+  EXPECT_EQ(refusal.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_NE(refusal.message().find("--max_sessions"), std::string::npos) << refusal.message();
+  char buf[16];
+  EXPECT_EQ(recv(c, buf, sizeof(buf), 0), 0);  // and closed
+  EXPECT_EQ(refused, std::vector<std::string>{"max_sessions"});
+  close(c);
+  close(a);  // a slot frees up
+  for (int i = 0; i < 200 && sessions.num_sessions() != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const int d = Connect(path);
+  EXPECT_GT(Receive<hsap::v1::SessionHello>(d).session_id(), 0u);
+  close(b);
+  close(d);
 }
 
 }  // namespace

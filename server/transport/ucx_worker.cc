@@ -65,6 +65,8 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxWorkerOpti
                            "ucp_worker_get_address");
   self->address_.assign(reinterpret_cast<const char*>(address), address_length);
   ucp_worker_release_address(self->worker_, address);
+  // Peers' addresses are checked against this one's layout (ucx_address.h).
+  HSAP_ASSIGN_OR_RETURN(self->layout_, ParseOwnUcxAddress(self->address_));
   return self;
 }
 
@@ -92,10 +94,18 @@ void UcxWorker::OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status)
   HSAP_LOG(WARNING) << connection->error.message();
 }
 
+absl::Status UcxWorker::ValidatePeerAddress(absl::string_view address) const {
+  if (address == address_) return absl::OkStatus();
+  return ValidatePeerUcxAddress(address, layout_);
+}
+
 absl::Status UcxWorker::Connect(int32_t node, absl::string_view address) {
   if (address.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("empty UCX worker address for node ", node));
   }
+  // UCX trusts the bytes (it aborts on a bad version, reads past the end):
+  // nothing reaches ucp_ep_create unchecked.
+  HSAP_RETURN_IF_ERROR(ValidatePeerAddress(address));
   auto connection = std::make_unique<Connection>();
   connection->worker = this;
   connection->node = node;

@@ -37,6 +37,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/transport/ucx_address.h"
 
 namespace hsap::transport {
 
@@ -70,7 +71,14 @@ class UcxWorker {
   // to the other nodes. Stable for the worker's life.
   const std::string& Address() const { return address_; }
 
-  // Creates the endpoint to `node`'s worker at `address` (the node may be
+  // OK iff `address` may be given to UCX (ucx_address.h: the layout of a
+  // UCX 1.13 worker address compatible with this worker's); this worker's
+  // own address is fine. INVALID_ARGUMENT naming what is wrong. Connect
+  // checks it too. Thread-safe.
+  absl::Status ValidatePeerAddress(absl::string_view address) const;
+
+  // Creates the endpoint to `node`'s worker at `address` (ValidatePeerAddress
+  // first: INVALID_ARGUMENT for bytes UCX must not see) (the node may be
   // this one: same-node ranks also talk through UCX, over self / shared
   // memory). Replaces (force-closes) an existing endpoint to that node: the
   // way to re-form after the peer restarted. Wire-up completes lazily, when
@@ -119,6 +127,7 @@ class UcxWorker {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;
+  UcxAddressLayout layout_;
   std::map<int32_t, std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, uint64_t> generations_ ABSL_GUARDED_BY(mu_);
 };

@@ -53,7 +53,7 @@ struct Fixture {
     Add(2, 4096, 0);
   }
   void Add(uint64_t session, uint64_t size, int pattern) {
-    const int fd = memfd_create("fuzz", MFD_CLOEXEC);
+    const int fd = memfd_create("fuzz", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     FUZZ_CHECK(fd >= 0 && ftruncate(fd, static_cast<off_t>(size)) == 0);
     auto mapping = shm::MappedRegion::FromFd(fd, size, shm::RegionKind::kMemfd);
     close(fd);

@@ -39,9 +39,11 @@ fi
 # 2. Sources shared by the targets.
 COMMON="common/dtype.cc common/mask.cc common/workload.cc"
 PROTO=$(cd "$OUT/gen" && find hsap -name '*.pb.cc' | sed "s|^|$OUT/gen/|")
-SHM="server/shm/region.cc server/shm/region_registry.cc"
+SHM="server/shm/region.cc server/shm/region_registry.cc server/shm/sigbus_guard.cc"
+SESSIONS="$SHM server/shm/session_manager.cc server/shm/session_socket.cc"
 PLAN=$(ls server/plan/*.cc | grep -v _test.cc)
 CLUSTER="server/cluster/cluster.cc server/cluster/peer_service.cc server/cluster/plan_agreement.cc
+         server/cluster/peer_validation.cc server/transport/ucx_address.cc
          server/transport/ucx_worker.cc server/transport/ucx_status.cc
          $(ls common/auth_token.cc 2>/dev/null)"  # peer tokens (//common:auth_token)
 METRICS=$(ls server/metrics/*.cc | grep -v _test.cc | grep -v hsap_metrics)
@@ -54,10 +56,11 @@ declare -A SOURCES=(
   [plan_compiler_fuzzer]="$COMMON $PROTO $PLAN"
   [peer_protocol_fuzzer]="$COMMON $PROTO $CLUSTER"
   [metrics_http_fuzzer]="$COMMON $METRICS"
+  [session_socket_fuzzer]="$COMMON $PROTO $SESSIONS"
 )
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(mask_fuzzer attention_validation_fuzzer register_region_fuzzer
-  plan_spec_fuzzer plan_compiler_fuzzer peer_protocol_fuzzer metrics_http_fuzzer)
+  plan_spec_fuzzer plan_compiler_fuzzer peer_protocol_fuzzer metrics_http_fuzzer session_socket_fuzzer)
 
 newest_header=$(find common server kernels "$OUT/gen" -name '*.h' -printf '%T@\n' | sort -n | tail -1)
 obj_of() { local s=${1#$ROOT/}; s=${s#$OUT/}; echo "$OUT/obj/${s//\//_}.o"; }

@@ -12,6 +12,16 @@
 // they name another member and a group (and, AgreePlan, a plan key), and
 // refuses the others with INVALID_ARGUMENT; an unstarted one is UNAVAILABLE;
 // PlanAgreement matches the model (keys, mismatch errors, eviction order).
+//
+// UCX worker addresses (issue 14: 8 bytes of 0xff aborted the daemon inside
+// UCX): the started cluster has a real UCX worker (transport "self", so
+// nothing leaves the process), so every Join's ucx_worker_address goes
+// through the validator and, when accepted, to ucp_ep_create. First bytes
+// 8-9 run Joins whose address is this worker's own with fuzzed bytes
+// spliced in (structure-aware: the layout is mostly intact, so the
+// validator's deeper rules are reached); 10-11 validate raw bytes against
+// the layouts of real tcp and shared-memory workers: OK only for addresses
+// that re-parse to a layout sharing a transport, and never a crash.
 #include <deque>
 #include <map>
 #include <memory>
@@ -23,23 +33,38 @@
 #include "hsap/v1/peer.pb.h"
 #include "server/cluster/cluster.h"
 #include "server/cluster/peer_service.h"
+#include "server/cluster/peer_validation.h"
 #include "server/cluster/plan_agreement.h"
+#include "server/transport/ucx_address.h"
+#include "server/transport/ucx_worker.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace hsap::cluster {
 namespace {
 
 struct Fixture {
+  std::unique_ptr<transport::UcxWorker> worker;  // before the clusters: outlives them
+  std::vector<transport::UcxAddressLayout> layouts;  // of tcp and shm workers
   Cluster started;
   Cluster idle;
   Fixture() {
+    auto w = transport::UcxWorker::Create({.transports = "self"});
+    FUZZ_CHECK(w.ok());
+    worker = std::move(w).value();
+    for (const char* tls : {"tcp", "posix,sysv,cma,self"}) {
+      auto other = transport::UcxWorker::Create({.transports = tls});
+      FUZZ_CHECK(other.ok());
+      auto layout = transport::ParseOwnUcxAddress((*other)->Address());
+      FUZZ_CHECK(layout.ok());
+      layouts.push_back(*layout);
+    }
     ClusterOptions options;
     options.peers = {"127.0.0.1:9", "127.0.0.1:1", "127.0.0.1:2"};
     options.node_rank = 0;
     options.join_timeout = absl::Milliseconds(1);
     options.rpc_timeout = absl::Milliseconds(50);
     // Not formed in 1 ms: DEADLINE_EXCEEDED, but started (it keeps trying).
-    const absl::Status st = started.Start(options, nullptr);
+    const absl::Status st = started.Start(options, worker.get());
     FUZZ_CHECK(st.code() == absl::StatusCode::kDeadlineExceeded);
     started.AddCallAbortCallback([](const std::string&, uint64_t, const absl::Status& reason) {
       FUZZ_CHECK(!reason.ok());
@@ -60,6 +85,80 @@ bool Parse(const uint8_t* data, size_t size, Request* r) {
   return r->ParseFromArray(data, static_cast<int>(size));
 }
 
+bool Printable(const std::string& s) {
+  for (char c : s) {
+    if (c < 0x20 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+// A Join's answer against the model of peer_validation.h.
+void CheckJoin(const v1::JoinRequest& r, const grpc::Status& st, const v1::JoinResponse& resp) {
+  const bool fields_ok =
+      r.num_nodes() >= 1 && r.num_nodes() <= kMaxPeerNodes && r.node_rank() >= 0 &&
+      r.node_rank() < r.num_nodes() && r.devices_per_node() >= 1 &&
+      r.devices_per_node() <= kMaxPeerDevicesPerNode && r.incarnation() != 0 &&
+      r.version().size() <= kMaxPeerVersionBytes && Printable(r.version()) &&
+      !r.ucx_worker_address().empty() &&
+      F().worker->ValidatePeerAddress(r.ucx_worker_address()).ok();
+  const bool shape_ok = r.num_nodes() == 3 && r.node_rank() >= 1 && r.node_rank() <= 2 &&
+                        r.devices_per_node() == 1;
+  FUZZ_CHECK(st.ok() == (fields_ok && shape_ok));
+  if (st.ok()) {
+    FUZZ_CHECK(resp.node_rank() == 0 && resp.incarnation() == F().started.incarnation());
+  } else {
+    FUZZ_CHECK(st.error_code() == (fields_ok ? grpc::StatusCode::FAILED_PRECONDITION
+                                             : grpc::StatusCode::INVALID_ARGUMENT));
+  }
+}
+
+// A Join from node 1 or 2 whose UCX address is this worker's own with
+// fuzzed bytes written over it (and maybe truncated or extended).
+void FuzzSplicedJoin(FuzzedDataProvider& in) {
+  std::string address = F().worker->Address();
+  const int edits = in.ConsumeIntegralInRange<int>(0, 4);
+  for (int i = 0; i < edits && !address.empty(); ++i) {
+    const size_t at = in.ConsumeIntegralInRange<size_t>(0, address.size() - 1);
+    const std::string bytes = in.ConsumeRandomLengthString(8);
+    address.replace(at, std::min(bytes.size(), address.size() - at), bytes);
+  }
+  switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+    case 0: address.resize(in.ConsumeIntegralInRange<size_t>(0, address.size())); break;
+    case 1: address += in.ConsumeRandomLengthString(16); break;
+    default: break;
+  }
+  v1::JoinRequest r;
+  r.set_node_rank(in.ConsumeIntegralInRange<int32_t>(1, 2));
+  r.set_num_nodes(3);
+  r.set_devices_per_node(1);
+  r.set_incarnation(in.ConsumeIntegralInRange<uint64_t>(0, 3));
+  r.set_version("fuzz");
+  r.set_ucx_worker_address(address);
+  v1::JoinResponse resp;
+  grpc::ServerContext context;
+  const grpc::Status st = F().Service(true)->Join(&context, &r, &resp);
+  CheckJoin(r, st, resp);
+}
+
+// Raw bytes against the layouts of real workers.
+void FuzzRawAddress(const uint8_t* data, size_t size) {
+  const std::string bytes(reinterpret_cast<const char*>(data), size);
+  for (const transport::UcxAddressLayout& own : F().layouts) {
+    const absl::Status st = transport::ValidatePeerUcxAddress(bytes, own);
+    if (!st.ok()) {
+      FUZZ_CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+      FUZZ_CHECK(st.message().find("ucx_worker_address") != absl::string_view::npos);
+      continue;
+    }
+    auto layout = transport::ParseUcxAddress(bytes, own.attribute_bytes);
+    FUZZ_CHECK(layout.ok());
+    FUZZ_CHECK(layout->version == own.version && layout->header_flags == own.header_flags);
+    FUZZ_CHECK(!layout->interfaces.empty() &&
+               static_cast<int>(layout->interfaces.size()) <= transport::kMaxUcxInterfaces);
+    FUZZ_CHECK(size >= transport::kMinUcxAddressBytes && size <= transport::kMaxUcxAddressBytes);
+  }
+}
+
 void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
   PeerServiceImpl* service = F().Service(use_started);
   grpc::ServerContext context;  // no peer token configured: not read
@@ -74,14 +173,7 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
         return;
       }
-      const bool acceptable = r.num_nodes() == 3 && r.node_rank() >= 1 && r.node_rank() <= 2 &&
-                              r.devices_per_node() == 1;
-      FUZZ_CHECK(st.ok() == acceptable);
-      if (st.ok()) {
-        FUZZ_CHECK(resp.node_rank() == 0 && resp.incarnation() == F().started.incarnation());
-      } else {
-        FUZZ_CHECK(st.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
-      }
+      CheckJoin(r, st, resp);
       return;
     }
     case 1: {
@@ -110,7 +202,8 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
         return;
       }
       const bool valid = r.node_rank() >= 1 && r.node_rank() <= 2 && !r.group().empty() &&
-                         !r.plan_key().empty();
+                         r.group().size() <= kMaxPeerGroupBytes && !r.plan_key().empty() &&
+                         r.plan_key().size() <= kMaxPeerPlanKeyBytes && Printable(r.plan_key());
       FUZZ_CHECK(st.ok() == valid);
       if (!st.ok()) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
@@ -129,7 +222,9 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
         return;
       }
-      FUZZ_CHECK(st.ok() == (r.node_rank() >= 1 && r.node_rank() <= 2 && !r.group().empty()));
+      FUZZ_CHECK(st.ok() == (r.node_rank() >= 1 && r.node_rank() <= 2 && !r.group().empty() &&
+                             r.group().size() <= kMaxPeerGroupBytes && r.code() >= 0 &&
+                             r.code() <= 16 && r.message().size() <= kMaxPeerMessageBytes));
       FUZZ_CHECK(st.ok() || st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
       return;
     }
@@ -197,6 +292,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   if (data[0] < 8) {
     hsap::cluster::FuzzHandler(data[0] & 3, (data[0] & 4) == 0, data + 1, size - 1);
+  } else if (data[0] < 10) {
+    FuzzedDataProvider in(data + 1, size - 1);
+    hsap::cluster::FuzzSplicedJoin(in);
+  } else if (data[0] < 12) {
+    hsap::cluster::FuzzRawAddress(data + 1, size - 1);
   } else {
     FuzzedDataProvider in(data + 1, size - 1);
     hsap::cluster::FuzzAgreement(in);

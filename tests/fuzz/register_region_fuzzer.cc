@@ -41,7 +41,7 @@ struct Fds {
   Fds() {
     const uint64_t sizes[] = {1, 4096, 65536};
     for (uint64_t i = 0; i < 3; ++i) {
-      const int fd = memfd_create("fuzz", MFD_CLOEXEC);
+      const int fd = memfd_create("fuzz", MFD_CLOEXEC | MFD_ALLOW_SEALING);
       FUZZ_CHECK(fd >= 0 && ftruncate(fd, static_cast<off_t>(sizes[i])) == 0);
       by_transfer[i + 1] = fd;
     }

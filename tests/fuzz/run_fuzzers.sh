@@ -17,7 +17,7 @@ OUT=${HSAP_FUZZ_OUT:-/tmp/hsap-fuzz}
 JOBS=${JOBS:-1}
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(mask_fuzzer attention_validation_fuzzer register_region_fuzzer
-  plan_spec_fuzzer plan_compiler_fuzzer peer_protocol_fuzzer metrics_http_fuzzer)
+  plan_spec_fuzzer plan_compiler_fuzzer peer_protocol_fuzzer metrics_http_fuzzer session_socket_fuzzer)
 
 tests/fuzz/build.sh "${TARGETS[@]}"
 mkdir -p "$OUT/artifacts" "$OUT/logs"
@@ -41,6 +41,8 @@ run_one() {
   return $rc
 }
 export -f run_one
+# UCX's own leaks (see the file) are not the project's.
+export LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 export OUT SECONDS_EACH
 
 status=0

@@ -90,17 +90,14 @@ std::vector<Case> Cases() {
                  r.mutable_k()->set_shape(1, 0);
                  r.mutable_v()->set_shape(1, 0); }),
                Code::kInvalidArgument, "k.shape[1] (Hkv) is 0"});
-  c.push_back({"head_dim_20", EditForward([](Env&, Fwd& r) {
-                 for (auto* t : {r.mutable_q(), r.mutable_k(), r.mutable_v(), r.mutable_o()}) t->set_shape(2, 20); }),
-               Code::kInvalidArgument, "q.shape[2] (head_dim) is 20"});
+  c.push_back({"head_dim_0", EditForward([](Env&, Fwd& r) {
+                 for (auto* t : {r.mutable_q(), r.mutable_k(), r.mutable_v(), r.mutable_o()}) t->set_shape(2, 0); }),
+               Code::kInvalidArgument, "q.shape[2] (head_dim) is 0; it must be in [1, 256]"});
   c.push_back({"head_dim_264", [](Env& e) {
                  auto b = client::AttentionBuffers::Create(e.client.get(), {kTokens, kHq, kHkv, 264, DType::kFloat32}, "hd264");
                  if (!b.ok()) return b.status();
                  return e.Forward((*b)->ForwardRequest(e.Call(), client::DocumentMask(kCu, true), {}));
                }, Code::kInvalidArgument, "q.shape[2] (head_dim) is 264"});
-  c.push_back({"head_dim_36_not_multiple_of_8", EditForward([](Env&, Fwd& r) {
-                 for (auto* t : {r.mutable_q(), r.mutable_k(), r.mutable_v(), r.mutable_o()}) t->set_shape(2, 36); }),
-               Code::kInvalidArgument, "q.shape[2] (head_dim) is 36"});
   // --- Dtypes.
   c.push_back({"k_dtype_bf16_vs_fp32", EditForward([](Env&, Fwd& r) { r.mutable_k()->set_dtype(hsap::v1::DTYPE_BFLOAT16); }),
                Code::kInvalidArgument, "k.dtype is DTYPE_BFLOAT16 but q.dtype is DTYPE_FLOAT32"});
@@ -277,6 +274,14 @@ std::vector<Case> Cases() {
                  *r.mutable_call() = e.Call("seq", 3);
                  return e.Forward(r);
                }, Code::kFailedPrecondition, "last submitted 1 (a skip); the next must be 2"});
+  c.push_back({"call_seq_after_the_last_one", [](Env& e) {
+                 auto r = e.Good();
+                 *r.mutable_call() = e.Call("last-seq", std::numeric_limits<uint64_t>::max());
+                 absl::Status first = e.Forward(r);
+                 if (!first.ok()) return first;
+                 *r.mutable_call() = e.Call("last-seq", 1);
+                 return e.Forward(r);
+               }, Code::kFailedPrecondition, "already submitted call_seq 18446744073709551615, the last one there is"});
   c.push_back({"group_size_changed_midway", [](Env& e) {
                  auto b = RankBuffers(e.client.get(), e.rank0_tokens, "resize");
                  if (!b.ok()) return b.status();

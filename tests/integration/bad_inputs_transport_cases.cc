@@ -56,6 +56,80 @@ std::vector<Case> TransportCases() {
                  r.set_size_bytes(64);
                  return Register(e, r);
                }, Code::kInvalidArgument, "not a memfd or shared-memory object"});
+  // --- Region fds of every other kind (issue 14): refused when passed,
+  // naming the kind; unsealable memfds refused at registration, saying how.
+  auto pass_and_register = [](Env& e, int fd, uint64_t transfer, uint64_t size) {
+    absl::Status st = e.client->PassFd(fd, transfer);
+    if (!st.ok()) return st;
+    hsap::v1::RegisterRegionRequest r;
+    r.mutable_memfd()->set_transfer_id(transfer);
+    r.set_size_bytes(size);
+    return Register(e, r);
+  };
+  c.push_back({"register_memfd_without_allow_sealing", [=](Env& e) {
+                 UniqueFd fd(memfd_create("unsealable", MFD_CLOEXEC));
+                 if (ftruncate(fd.get(), 4096) != 0) return absl::InternalError("ftruncate");
+                 return pass_and_register(e, fd.get(), 40, 4096);
+               }, Code::kFailedPrecondition, "created without MFD_ALLOW_SEALING"});
+  c.push_back({"register_memfd_sealed_against_writing", [=](Env& e) {
+                 UniqueFd fd = NewMemfd("write-sealed", 4096);
+                 if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_WRITE) != 0) return absl::InternalError("seal");
+                 return pass_and_register(e, fd.get(), 41, 4096);
+               }, Code::kFailedPrecondition, "sealed against writing"});
+  c.push_back({"register_disk_file_read_write", [=](Env& e) {
+                 // The test's working directory (Bazel's runfiles) is on disk.
+                 const std::string path = absl::StrCat("hsap-bad-disk-", getpid());
+                 UniqueFd fd(open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600));
+                 unlink(path.c_str());
+                 if (!fd.valid() || ftruncate(fd.get(), 4096) != 0) return absl::InternalError("disk file");
+                 return pass_and_register(e, fd.get(), 42, 4096);
+               }, Code::kInvalidArgument, "a regular file on a disk file system"});
+  auto dev_shm_file = [](const char* tag) {
+    const std::string path = absl::StrCat("/dev/shm/hsap-bad-", tag, "-", getpid());
+    UniqueFd rw(open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600));
+    if (rw.valid()) (void)!ftruncate(rw.get(), 4096);
+    return path;
+  };
+  c.push_back({"register_read_only_shm_file", [=](Env& e) {
+                 const std::string path = dev_shm_file("ro");
+                 UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+                 unlink(path.c_str());
+                 return pass_and_register(e, fd.get(), 43, 4096);
+               }, Code::kInvalidArgument, "opened read-only"});
+  c.push_back({"register_o_path_fd", [=](Env& e) {
+                 const std::string path = dev_shm_file("opath");
+                 UniqueFd fd(open(path.c_str(), O_PATH | O_CLOEXEC));
+                 unlink(path.c_str());
+                 return pass_and_register(e, fd.get(), 44, 4096);
+               }, Code::kInvalidArgument, "an O_PATH descriptor"});
+  c.push_back({"register_socket_fd", [=](Env& e) {
+                 int sv[2];
+                 if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return absl::InternalError("socketpair");
+                 UniqueFd a(sv[0]), b(sv[1]);
+                 return pass_and_register(e, a.get(), 45, 64);
+               }, Code::kInvalidArgument, "a socket"});
+  c.push_back({"session_passes_its_own_socket", [](Env& e) {
+                 // A socket kept by the daemon would keep this session alive
+                 // after the client exits: refused and closed at once.
+                 RawSession s;
+                 absl::Status st = s.Open(e.daemon->socket());
+                 if (!st.ok()) return st;
+                 const int self = s.fd();
+                 s.Send(TransferMessage(46), {self});
+                 return s.Outcome(e.daemon->socket());
+               }, Code::kInvalidArgument, "is a socket"});
+  c.push_back({"register_shm_name_of_a_fifo", [](Env& e) {
+                 const std::string name = absl::StrCat("hsap-bad-fifo-", getpid());
+                 const std::string path = "/dev/shm/" + name;
+                 unlink(path.c_str());
+                 if (mkfifo(path.c_str(), 0600) != 0) return absl::InternalError("mkfifo");
+                 hsap::v1::RegisterRegionRequest r;
+                 r.set_size_bytes(64);
+                 r.mutable_shm()->set_name("/" + name);
+                 absl::Status st = Register(e, r);
+                 unlink(path.c_str());
+                 return st;
+               }, Code::kInvalidArgument, "a pipe (FIFO)"});
   c.push_back({"register_shm_path_traversal", [](Env& e) {
                  hsap::v1::RegisterRegionRequest r;
                  r.set_size_bytes(64);

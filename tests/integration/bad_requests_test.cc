@@ -131,8 +131,9 @@ TEST_F(BadRequestsTest, HeadsNotDivisible) {
 
 TEST_F(BadRequestsTest, HeadDimOutOfRange) {
   auto r = Good();
-  for (auto* t : {r.mutable_q(), r.mutable_k(), r.mutable_v(), r.mutable_o()}) t->set_shape(2, 20);
-  ExpectError(r, absl::StatusCode::kInvalidArgument, "q.shape[2] (head_dim) is 20");
+  for (auto* t : {r.mutable_q(), r.mutable_k(), r.mutable_v(), r.mutable_o()}) t->set_shape(2, 0);
+  ExpectError(r, absl::StatusCode::kInvalidArgument,
+              "q.shape[2] (head_dim) is 0; it must be in [1, 256]");
 }
 
 TEST_F(BadRequestsTest, CuSeqlensNotStartingAtZero) {
@@ -306,7 +307,7 @@ TEST_F(BadRequestsTest, RegionRegistrationErrors) {
   r.set_size_bytes(0);
   EXPECT_EQ(client_->RegisterRegion(r).status().code(), absl::StatusCode::kInvalidArgument);
   // A memfd smaller than the size asked for.
-  const int fd = memfd_create("small", MFD_CLOEXEC);
+  const int fd = memfd_create("small", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(fd, 100), 0);
   ASSERT_TRUE(client_->PassFd(fd, 5).ok());
   close(fd);

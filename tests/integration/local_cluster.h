@@ -31,6 +31,8 @@ class LocalCluster {
   absl::Status WaitFormed(absl::Duration timeout);
 
   int nodes() const { return static_cast<int>(ports_.size()); }
+  // Node i's TCP port (peers and operators).
+  int port(int i) const { return ports_[i]; }
   std::vector<std::string> sockets() const;
   DaemonProcess* node(int i) { return procs_[i].get(); }
   // SIGKILL, then reap.

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -161,7 +162,7 @@ inline std::string PrefaceThenFrame(uint8_t type, uint32_t stream, uint32_t leng
 }
 
 inline UniqueFd NewMemfd(const char* name, off_t size) {
-  UniqueFd fd(memfd_create(name, MFD_CLOEXEC));
+  UniqueFd fd(memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (fd.valid() && ftruncate(fd.get(), size) != 0) return UniqueFd();
   return fd;
 }
@@ -229,6 +230,7 @@ class RawSession {
   }
 
   const hsap::v1::SessionHello& hello() const { return hello_; }
+  int fd() const { return fd_.get(); }
 
  private:
   UniqueFd fd_;

@@ -157,7 +157,7 @@ class Client:
 
     def create_region(self, size, name):
         """Creates a memfd of `size` bytes, maps it here and registers it."""
-        fd = os.memfd_create("hsap-" + name, os.MFD_CLOEXEC)
+        fd = os.memfd_create("hsap-" + name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)  # hsapd seals it against shrinking
         try:
             os.ftruncate(fd, size)
             mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,

@@ -6,16 +6,21 @@
     layout.indices(r)     # torch.int64 [T_r]: rank r's rows, in order
     q_local = q_global[layout.indices(r)]
 
-The layout depends on the mask (cu_seqlens, causal, window), the group's
-topology, head shape, dtype, strategy and assignment: pass the same ones to
-hsap.varlen_attn (the assignment through hsap.Group(assignment=...)). The
-daemon compiles (and caches) the plan to answer, so the call that follows
-hits the cache.
+The layout depends on the mask (cu_seqlens, causal, window, or an
+hsap.masks.Mask), the group's topology, head shape, dtype, strategy and
+assignment: pass the same ones to the attention calls (the assignment
+through hsap.Group(assignment=...)).
+
+    layout = hsap.dispatch(hsap.masks.shared_prefix([(64, [30, 40])]), 4, 4, 4, 32)
+
+The daemon compiles (and caches) the plan to answer, so the call that
+follows hits the cache.
 """
 
 import torch
 
-from hsap.attention import DTYPES, assignment_enum, cu_seqlens_list, strategy_enum
+from hsap import masks
+from hsap.attention import DTYPES, assignment_enum, strategy_enum
 from hsap.client import default_client
 from hsap.errors import InvalidDTypeError, InvalidInputError
 from hsap.v1 import common_pb2
@@ -67,22 +72,43 @@ class Dispatch:
 
 def dispatch(cu_seqlens, world_size, heads, kv_heads, head_dim, dtype=torch.float32,
              strategy="auto", assignment="balanced", nodes=1, causal=True, window_left=-1,
-             profile="cpu-loopback", client=None):
+             profile="cpu-loopback", client=None, *, window_size=None):
     """Asks the daemon how a group of `world_size` ranks (over `nodes` nodes)
     must lay out the tokens of this mask; returns a Dispatch.
 
-    cu_seqlens: global document boundaries (tensor or list of ints).
+    cu_seqlens: global document boundaries (tensor or list of ints) with
+      `causal` (a bool, or one flag per document) and either `window_left`
+      (a causal sliding window) or flash-attention's `window_size = (left,
+      right)`; or an hsap.masks.Mask (num_q == num_k) — then causal and the
+      windows are not used.
     heads, kv_heads, head_dim, dtype: the shape of q/k/v (dtype: torch dtype
       or "fp32"/"bf16"/"fp16").
-    strategy, assignment: as for varlen_attn / hsap.Group.
+    strategy, assignment: as for the attention calls / hsap.Group.
     profile: the cost model's hardware. hsapd plans its attention calls with
       "cpu-loopback" (server/exec/call_runner.h), and the balanced layout can
       depend on the profile: keep the default.
+    The call that follows must use the same mask: flash_attn_varlen_func(...,
+    causal, window_size) builds hsap.masks.varlen(cu_q, cu_k, causal,
+    window_size), which is what this builds from cu_seqlens, causal and
+    window_size.
     Raises InvalidInputError for bad arguments, HsapError for the daemon's
     (INVALID_ARGUMENT names the spec field; FAILED_PRECONDITION when the
     strategy cannot run on this topology or head count).
     """
-    cu = cu_seqlens_list(cu_seqlens)
+    if isinstance(cu_seqlens, masks.Mask):
+        mask = cu_seqlens
+        if not mask.is_square:
+            raise InvalidInputError(
+                f"the mask has {mask.num_q} query rows but {mask.num_k} key rows: a group of "
+                "several ranks holds one token space (as many query as key rows)")
+    else:
+        if window_size is None:
+            # window_left: flash-attention's window_size = (window_left, 0).
+            if int(window_left) >= 0 and causal is False:
+                raise InvalidInputError(f"window_left is {window_left} with causal=False: "
+                                        "use window_size=(left, right) for two-sided windows")
+            window_size = (int(window_left), 0) if int(window_left) >= 0 else (-1, -1)
+        mask = masks.documents(cu_seqlens, causal, window_size)
     if isinstance(dtype, str):
         if dtype.lower() not in _DTYPE_NAMES:
             raise InvalidDTypeError(f"dtype {dtype!r} is unknown; use fp32, bf16 or fp16")
@@ -97,13 +123,11 @@ def dispatch(cu_seqlens, world_size, heads, kv_heads, head_dim, dtype=torch.floa
     if world_size % nodes != 0:
         raise InvalidInputError(f"world_size {world_size} is not a multiple of nodes {nodes}")
     spec = plan_pb2.PlanSpec(
-        cu_seqlens=cu, causal=bool(causal), window=int(window_left) if causal else -1,
-        total_tokens=cu[-1],
         topology=plan_pb2.Topology(num_nodes=nodes, devices_per_node=world_size // nodes),
         shape=plan_pb2.HeadShape(num_heads_q=heads, num_heads_kv=kv_heads, head_dim=head_dim,
                                  dtype=DTYPES[dtype]),
         strategy=strategy_enum(strategy), assignment=assignment_enum(assignment),
-        profile=profile)
+        profile=profile, **mask.plan_spec_fields())
     client = client or default_client()
     resp = client.plans_dispatch(plans_pb2.DispatchRequest(spec=spec))
     ranges = [[(r.begin, r.end) for r in rank.ranges] for rank in resp.dispatch.ranks]

@@ -45,3 +45,41 @@ class DaemonTestCase(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.daemon.stop()
+
+
+def rounding_yardstick(want, dtype, floor=1e-5):
+    """The error of the float64 result `want` rounded to `dtype` (the best a
+    kernel storing that dtype can do), at least `floor`."""
+    return max(rel_error(want.to(dtype), want), floor)
+
+
+def run_threads(n, fn):
+    """Runs fn(rank) in n threads (one per rank of a group); returns the
+    results in rank order, raises the first exception."""
+    import threading
+    results, errors = [None] * n, [None] * n
+
+    def body(r):
+        try:
+            results[r] = fn(r)
+        except BaseException as e:  # noqa: B036 - re-raised below
+            errors[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def reference_grads(fn, inputs, d_out):
+    """(out, lse, [grad of each input]) of the float64 reference fn(*inputs)
+    -> (out, lse), with d_out as the output gradient."""
+    xs = [x.detach().double().requires_grad_() for x in inputs]
+    out, lse = fn(*xs)
+    out.backward(d_out.double())
+    return out.detach(), lse.detach(), [x.grad for x in xs]

@@ -1,0 +1,51 @@
+// Validation of every field a peer sends on the hsap.v1.Peer service,
+// before any of it reaches the cluster's state or a library (UCX).
+//
+// Field-level garbage is INVALID_ARGUMENT naming the field and the value;
+// a well-formed request from a node configured differently (another node
+// count or devices per node) stays FAILED_PRECONDITION, as before. Pure
+// functions: thread-safe, no I/O.
+#ifndef HSAP_SERVER_CLUSTER_PEER_VALIDATION_H_
+#define HSAP_SERVER_CLUSTER_PEER_VALIDATION_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "hsap/v1/peer.pb.h"
+
+namespace hsap::cluster {
+
+inline constexpr int32_t kMaxPeerNodes = 1 << 16;
+inline constexpr int32_t kMaxPeerDevicesPerNode = 1024;
+inline constexpr size_t kMaxPeerVersionBytes = 128;
+inline constexpr size_t kMaxPeerGroupBytes = 128;     // call.group's bound
+inline constexpr size_t kMaxPeerPlanKeyBytes = 256;
+inline constexpr size_t kMaxPeerMessageBytes = 4096;
+
+// This node's view of the cluster.
+struct ClusterShape {
+  int32_t self = 0;
+  int32_t num_nodes = 1;
+  int32_t devices_per_node = 1;
+};
+
+// Checks UCX worker address bytes (UcxWorker::ValidatePeerAddress); null
+// when this node has no UCX data plane (the address is then only bounded).
+using UcxAddressCheck = std::function<absl::Status(absl::string_view address)>;
+
+// A Join from another node.
+absl::Status ValidateJoinRequest(const v1::JoinRequest& request, const ClusterShape& shape,
+                                 const UcxAddressCheck& ucx);
+// The answer to our Join from node `node`.
+absl::Status ValidateJoinResponse(const v1::JoinResponse& response, int32_t node,
+                                  const UcxAddressCheck& ucx);
+// The fields of AgreePlan / AbortCall besides node_rank (group, plan key,
+// code, message); `plan_key` is null for AbortCall.
+absl::Status ValidateCallFields(absl::string_view group, const std::string* plan_key);
+absl::Status ValidateAbortFields(const v1::AbortCallRequest& request);
+
+}  // namespace hsap::cluster
+
+#endif  // HSAP_SERVER_CLUSTER_PEER_VALIDATION_H_

@@ -1,0 +1,170 @@
+// Hardware profiles: the named table, the parametric "custom:..." syntax
+// (every field, defaults, every error naming the field and its value), the
+// canonical string, and that a compile models with the parsed figures.
+#include "server/plan/cost_model.h"
+
+#include "gtest/gtest.h"
+#include "server/plan/compiler.h"
+
+namespace hsap::plan {
+namespace {
+
+void ExpectProfileError(const std::string& name, const std::string& text) {
+  absl::StatusOr<HardwareProfile> p = ParseHardwareProfile(name);
+  ASSERT_FALSE(p.ok()) << name << " expected: " << text;
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << p.status();
+  EXPECT_NE(p.status().message().find(text), std::string::npos)
+      << p.status() << "\nexpected: " << text;
+  EXPECT_FALSE(IsKnownProfile(name));
+}
+
+TEST(CostModelProfileTest, NamedProfiles) {
+  for (const std::string& name : HardwareProfileNames()) {
+    absl::StatusOr<HardwareProfile> p = ParseHardwareProfile(name);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->name, name);
+    EXPECT_TRUE(IsKnownProfile(name));
+  }
+  const HardwareProfile h100 = GetHardwareProfile("h100");
+  EXPECT_EQ(h100.attention_flops, 400e12);
+  EXPECT_EQ(h100.inter_bytes_per_s, 45e9);
+  EXPECT_EQ(h100.intra_bytes_per_s, 360e9);
+  EXPECT_EQ(h100.inter_latency_s, 15e-6);
+  EXPECT_EQ(h100.intra_latency_s, 8e-6);
+}
+
+TEST(CostModelProfileTest, CustomEveryField) {
+  const std::string name =
+      "custom:flops=6.25e9,inter_bytes_per_s=703125,intra_bytes_per_s=2e9,"
+      "inter_latency_us=250,intra_latency_us=30.5,backward_factor=3";
+  absl::StatusOr<HardwareProfile> p = ParseHardwareProfile(name);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->name, name);
+  EXPECT_EQ(p->attention_flops, 6.25e9);
+  EXPECT_EQ(p->inter_bytes_per_s, 703125);
+  EXPECT_EQ(p->intra_bytes_per_s, 2e9);
+  EXPECT_EQ(p->inter_latency_s, 250e-6);
+  EXPECT_EQ(p->intra_latency_s, 30.5e-6);
+  EXPECT_EQ(p->backward_factor, 3);
+  EXPECT_TRUE(IsKnownProfile(name));
+}
+
+TEST(CostModelProfileTest, CustomDefaultsAndAnyOrder) {
+  absl::StatusOr<HardwareProfile> p =
+      ParseHardwareProfile("custom:intra_bytes_per_s=1e10,flops=1e12,inter_bytes_per_s=1e9");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->attention_flops, 1e12);
+  EXPECT_EQ(p->inter_latency_s, 0);
+  EXPECT_EQ(p->intra_latency_s, 0);
+  EXPECT_EQ(p->backward_factor, 2.5);
+}
+
+TEST(CostModelProfileTest, CustomErrorsNameTheField) {
+  const std::string base = "custom:flops=1e12,inter_bytes_per_s=1e9,intra_bytes_per_s=1e10";
+  ExpectProfileError("custom:flops=1e12,inter_bytes_per_s=1e9",
+                     "field intra_bytes_per_s is missing; fields: flops, inter_bytes_per_s, "
+                     "intra_bytes_per_s, inter_latency_us (optional)");
+  ExpectProfileError(base + ",tflops=3", "unknown field \"tflops\"; fields: flops,");
+  ExpectProfileError(base + ",flops=2e12", "field flops is given twice");
+  ExpectProfileError("custom:flops=fast,inter_bytes_per_s=1e9,intra_bytes_per_s=1e10",
+                     "field flops is \"fast\", not a finite number");
+  ExpectProfileError("custom:flops=inf,inter_bytes_per_s=1e9,intra_bytes_per_s=1e10",
+                     "field flops is \"inf\", not a finite number");
+  ExpectProfileError("custom:flops=1e12,inter_bytes_per_s=0,intra_bytes_per_s=1e10",
+                     "field inter_bytes_per_s is 0; it must be in [1, 1e+15]");
+  ExpectProfileError(base + ",inter_latency_us=-1",
+                     "field inter_latency_us is -1; it must be in [0, 1e+09]");
+  ExpectProfileError(base + ",backward_factor=0",
+                     "field backward_factor is 0; it must be in (0, 100]");
+  ExpectProfileError(base + ",", "item \"\" is not field=value");
+  ExpectProfileError("custom:", "item \"\" is not field=value");
+  ExpectProfileError("custom:flops", "item \"flops\" is not field=value");
+  ExpectProfileError("custom:flops=,inter_bytes_per_s=1e9,intra_bytes_per_s=1e10",
+                     "field flops is \"\", not a finite number");
+  // The profile is named in every message.
+  ExpectProfileError(base + ",x=1", "profile \"" + base + ",x=1\": ");
+  ExpectProfileError("tpu",
+                     "profile \"tpu\" is unknown; known: h100, h200, cpu-loopback, or "
+                     "custom:field=value,... (fields: flops,");
+}
+
+TEST(CostModelProfileTest, CanonicalStringRoundTrips) {
+  for (const std::string& name : HardwareProfileNames()) {
+    const HardwareProfile p = GetHardwareProfile(name);
+    const std::string s = CustomProfileString(p);
+    absl::StatusOr<HardwareProfile> q = ParseHardwareProfile(s);
+    ASSERT_TRUE(q.ok()) << s << ": " << q.status();
+    EXPECT_EQ(q->attention_flops, p.attention_flops) << s;
+    EXPECT_EQ(q->inter_bytes_per_s, p.inter_bytes_per_s) << s;
+    EXPECT_EQ(q->intra_bytes_per_s, p.intra_bytes_per_s) << s;
+    EXPECT_EQ(q->inter_latency_s, p.inter_latency_s) << s;
+    EXPECT_EQ(q->intra_latency_s, p.intra_latency_s) << s;
+    EXPECT_EQ(q->backward_factor, p.backward_factor) << s;
+  }
+  EXPECT_EQ(CustomProfileString(GetHardwareProfile("h100")),
+            "custom:flops=4e+14,inter_bytes_per_s=4.5e+10,intra_bytes_per_s=3.6e+11,"
+            "inter_latency_us=15,intra_latency_us=8,backward_factor=2.5");
+}
+
+PlanSpec Spec(Strategy strategy, const std::string& profile) {
+  PlanSpec spec;
+  spec.cu_seqlens = {0, 700, 1000, 2600, 4096};
+  spec.total_tokens = 4096;
+  spec.topology = {2, 2};
+  spec.shape = {8, 2, 64, DType::kBFloat16};
+  spec.strategy = strategy;
+  spec.profile = profile;
+  return spec;
+}
+
+// A compile models with the parsed figures: a custom profile with h100's
+// figures models exactly h100's times, and doubling every rate (no
+// latency) halves every modeled time exactly (a power-of-two scale).
+TEST(CostModelProfileTest, CompileUsesTheParsedProfile) {
+  const std::string as_h100 = CustomProfileString(GetHardwareProfile("h100"));
+  const std::string slow =
+      "custom:flops=1e10,inter_bytes_per_s=1e6,intra_bytes_per_s=1e8";
+  const std::string fast =
+      "custom:flops=2e10,inter_bytes_per_s=2e6,intra_bytes_per_s=2e8";
+  for (Strategy s : {Strategy::kRing, Strategy::kUlysses, Strategy::kUsp, Strategy::kSap,
+                     Strategy::kHsap}) {
+    absl::StatusOr<Plan> named = CompilePlan(Spec(s, "h100"));
+    absl::StatusOr<Plan> custom = CompilePlan(Spec(s, as_h100));
+    ASSERT_TRUE(named.ok() && custom.ok());
+    EXPECT_EQ(custom->spec.profile, as_h100);
+    EXPECT_NE(named->key, custom->key);  // the profile is part of the key
+    EXPECT_DOUBLE_EQ(custom->stats.modeled_us, named->stats.modeled_us) << StrategyName(s);
+    absl::StatusOr<Plan> a = CompilePlan(Spec(s, slow));
+    absl::StatusOr<Plan> b = CompilePlan(Spec(s, fast));
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_GT(a->stats.modeled_us, 0);
+    EXPECT_EQ(b->stats.modeled_us * 2, a->stats.modeled_us) << StrategyName(s);
+    EXPECT_EQ(b->stats.lower_bound_us * 2, a->stats.lower_bound_us) << StrategyName(s);
+  }
+  absl::StatusOr<Plan> bad = CompilePlan(Spec(Strategy::kSap, "custom:flops=1e12"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("field inter_bytes_per_s is missing"),
+            std::string::npos)
+      << bad.status();
+}
+
+// auto ranks the candidates with the given profile: its modeled time is
+// the lowest of the six strategies compiled under the same custom profile.
+TEST(CostModelProfileTest, AutoPlansWithTheCustomProfile) {
+  absl::StatusOr<Plan> p = CompilePlan(
+      Spec(Strategy::kAuto, "custom:flops=4e14,inter_bytes_per_s=4.5e7,intra_bytes_per_s=3.6e11"));
+  ASSERT_TRUE(p.ok()) << p.status();
+  double best = 1e300;
+  for (Strategy s : {Strategy::kRing, Strategy::kAllGather, Strategy::kUlysses, Strategy::kUsp,
+                     Strategy::kSap, Strategy::kHsap}) {
+    absl::StatusOr<Plan> c = CompilePlan(
+        Spec(s, "custom:flops=4e14,inter_bytes_per_s=4.5e7,intra_bytes_per_s=3.6e11"));
+    ASSERT_TRUE(c.ok());
+    best = std::min(best, c->stats.modeled_us);
+  }
+  EXPECT_EQ(p->stats.modeled_us, best);
+}
+
+}  // namespace
+}  // namespace hsap::plan
