@@ -141,70 +141,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         });
   }
 
-  DaemonState* s = d->state_.get();
-  auto refresh = [s] { s->RefreshGauges(); };
-  d->attention_ = std::make_unique<AttentionService>(
-      AttentionDeps{&s->gate, &s->sessions, &s->regions, &s->limits, &s->runner, &s->metrics,
-                    refresh, options.tcp_token});
-  d->regions_ = std::make_unique<RegionsService>(
-      RegionsDeps{&s->sessions, &s->regions, refresh, options.tcp_token});
-  d->cluster_ = std::make_unique<ClusterService>(
-      ClusterDeps{&s->gate, &s->sessions, d->cluster_node_.get(), s->slots.get(), options.tcp_token});
-  d->plans_ = std::make_unique<PlansService>(&d->state_->plans, options.tcp_token,
-                                             plan::SpecDefaults{options.profile}, s->limits);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  unlink(options.socket_path.c_str());
-  builder.AddListeningPort("unix:" + options.socket_path, grpc::InsecureServerCredentials());
-  int bound_tcp = 0;
-  if (options.tcp_port > 0) {
-    builder.AddListeningPort(absl::StrCat(options.tcp_host, ":", options.tcp_port),
-                             grpc::InsecureServerCredentials(), &bound_tcp);
-  }
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.RegisterService(d->attention_.get());
-  builder.RegisterService(d->regions_.get());
-  builder.RegisterService(d->cluster_.get());
-  builder.RegisterService(d->plans_.get());
-  if (d->cluster_node_ != nullptr) builder.RegisterService(d->cluster_node_->service());
-  const mode_t old_mask = umask(0177);  // the Unix socket is created 0600
-  d->server_ = builder.BuildAndStart();
-  umask(old_mask);
-  if (d->server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("could not listen on unix:", options.socket_path,
-                                               options.tcp_port > 0
-                                                   ? absl::StrCat(" and ", options.tcp_host, ":",
-                                                                  options.tcp_port)
-                                                   : ""));
-  }
-  chmod(options.socket_path.c_str(), 0600);
-  if (options.tcp_port > 0 && bound_tcp == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("could not listen on ", options.tcp_host, ":", options.tcp_port));
-  }
-  if (d->cluster_node_ != nullptr) {
-    cluster::ClusterOptions c;
-    c.peers = options.peers;
-    c.node_rank = options.node_rank;
-    c.devices_per_node = options.cpu_devices;
-    c.version = kVersion;
-    c.token = options.tcp_token;
-    c.heartbeat_period = options.heartbeat_period;
-    c.suspect_after = options.peer_down_after * 0.6;
-    c.down_after = options.peer_down_after;
-    // Joining waits for the other nodes; serve local calls meanwhile.
-    cluster::Cluster* node = d->cluster_node_.get();
-    transport::UcxWorker* worker = d->ucx_.get();
-    d->cluster_start_ = std::thread([node, worker, c] {
-      absl::Status st = node->Start(c, worker);
-      if (st.ok()) {
-        HSAP_LOG(INFO) << "cluster formed: " << c.peers.size() << " nodes";
-      } else {
-        HSAP_LOG(WARNING) << "cluster not formed yet: " << st;
-      }
-    });
-  }
+  absl::StatusOr<int> bound_tcp = d->StartServices();
+  if (!bound_tcp.ok()) return bound_tcp.status();
+  if (d->cluster_node_ != nullptr) d->StartCluster();
   d->SetServing(true);
   // The session socket last: a client that reaches it (the Python client's
   // LocalDaemon waits for it) finds the gRPC services up and serving.
@@ -215,7 +154,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   HSAP_LOG(INFO) << "hsapd serving on unix:" << options.socket_path << " (sessions: "
                  << d->session_socket_path() << ")"
                  << (options.tcp_port > 0
-                         ? absl::StrCat(", tcp ", options.tcp_host, ":", bound_tcp,
+                         ? absl::StrCat(", tcp ", options.tcp_host, ":", *bound_tcp,
                                         options.tcp_token.empty() ? " (no token)" : " (token)")
                          : std::string(", tcp off"))
                  << "; devices cpu:" << options.cpu_devices << ", " << threads << " kernel threads"
@@ -223,6 +162,78 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                                            ":", d->exposer_->port(), "/metrics")
                                             : std::string());
   return d;
+}
+
+// The gRPC services and server; the bound TCP port (0 without TCP).
+absl::StatusOr<int> Daemon::StartServices() {
+  DaemonState* s = state_.get();
+  auto refresh = [s] { s->RefreshGauges(); };
+  attention_ = std::make_unique<AttentionService>(
+      AttentionDeps{&s->gate, &s->sessions, &s->regions, &s->limits, &s->runner, &s->metrics,
+                    refresh, options_.tcp_token});
+  regions_ = std::make_unique<RegionsService>(
+      RegionsDeps{&s->sessions, &s->regions, refresh, options_.tcp_token});
+  cluster_ = std::make_unique<ClusterService>(
+      ClusterDeps{&s->gate, &s->sessions, cluster_node_.get(), s->slots.get(), options_.tcp_token});
+  plans_ = std::make_unique<PlansService>(&state_->plans, options_.tcp_token,
+                                          plan::SpecDefaults{options_.profile}, s->limits);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  unlink(options_.socket_path.c_str());
+  builder.AddListeningPort("unix:" + options_.socket_path, grpc::InsecureServerCredentials());
+  int bound_tcp = 0;
+  if (options_.tcp_port > 0) {
+    builder.AddListeningPort(absl::StrCat(options_.tcp_host, ":", options_.tcp_port),
+                             grpc::InsecureServerCredentials(), &bound_tcp);
+  }
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.RegisterService(attention_.get());
+  builder.RegisterService(regions_.get());
+  builder.RegisterService(cluster_.get());
+  builder.RegisterService(plans_.get());
+  if (cluster_node_ != nullptr) builder.RegisterService(cluster_node_->service());
+  const mode_t old_mask = umask(0177);  // the Unix socket is created 0600
+  server_ = builder.BuildAndStart();
+  umask(old_mask);
+  if (server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("could not listen on unix:", options_.socket_path,
+                                               options_.tcp_port > 0
+                                                   ? absl::StrCat(" and ", options_.tcp_host, ":",
+                                                                  options_.tcp_port)
+                                                   : ""));
+  }
+  chmod(options_.socket_path.c_str(), 0600);
+  if (options_.tcp_port > 0 && bound_tcp == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("could not listen on ", options_.tcp_host, ":", options_.tcp_port));
+  }
+  return bound_tcp;
+}
+
+// Joins the static cluster in the background (local calls are served
+// meanwhile).
+void Daemon::StartCluster() {
+  cluster::ClusterOptions c;
+  c.peers = options_.peers;
+  c.node_rank = options_.node_rank;
+  c.devices_per_node = options_.cpu_devices;
+  c.version = kVersion;
+  c.token = options_.tcp_token;
+  c.heartbeat_period = options_.heartbeat_period;
+  c.suspect_after = options_.peer_down_after * 0.6;
+  c.down_after = options_.peer_down_after;
+  // Joining waits for the other nodes; serve local calls meanwhile.
+  cluster::Cluster* node = cluster_node_.get();
+  transport::UcxWorker* worker = ucx_.get();
+  cluster_start_ = std::thread([node, worker, c] {
+    absl::Status st = node->Start(c, worker);
+    if (st.ok()) {
+      HSAP_LOG(INFO) << "cluster formed: " << c.peers.size() << " nodes";
+    } else {
+      HSAP_LOG(WARNING) << "cluster not formed yet: " << st;
+    }
+  });
 }
 
 void Daemon::WireLimits(const shm::RegionLimits& limits) {

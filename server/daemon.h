@@ -98,6 +98,10 @@ class Daemon {
   explicit Daemon(const DaemonOptions& options);
   // Caps, their metrics and refusal counters, the matcher's session hook.
   void WireLimits(const shm::RegionLimits& limits);
+  // Start's steps: the gRPC services and server (the bound TCP port), and
+  // the background join of the static cluster.
+  absl::StatusOr<int> StartServices();
+  void StartCluster();
   void SetServing(bool serving);
 
   DaemonOptions options_;

@@ -105,7 +105,10 @@ bool ParseAssignment(absl::string_view name, AssignmentPolicy* out) {
   return false;
 }
 
-absl::Status ValidatePlanSpec(const PlanSpec& spec) {
+namespace {
+
+// Token count, topology, head shape and the byte counts they imply.
+absl::Status ValidateSizes(const PlanSpec& spec) {
   using absl::InvalidArgumentError;
   using absl::StrCat;
   if (spec.total_tokens < 0 || spec.total_tokens > kMaxTotalTokens) {
@@ -160,6 +163,14 @@ absl::Status ValidatePlanSpec(const PlanSpec& spec) {
                                        " bytes per token row (shape) x ", ranks,
                                        " ranks overflows 2^62 bytes"));
   }
+  return absl::OkStatus();
+}
+
+// The mask (cu_seqlens or slices, window) and its area bound.
+absl::Status ValidateMask(const PlanSpec& spec) {
+  using absl::InvalidArgumentError;
+  using absl::StrCat;
+  const HeadShape& h = spec.shape;
   const bool has_cu = !spec.cu_seqlens.empty();
   const bool has_slices = !spec.slices.empty();
   if (has_cu && has_slices) {
@@ -214,6 +225,14 @@ absl::Status ValidatePlanSpec(const PlanSpec& spec) {
       bound += s.num_q() * s.num_k();
     }
   }
+  return absl::OkStatus();
+}
+
+// Profile, strategy, assignment and the receive budget.
+absl::Status ValidateChoices(const PlanSpec& spec) {
+  using absl::InvalidArgumentError;
+  using absl::StrCat;
+  const HeadShape& h = spec.shape;
   if (absl::StatusOr<HardwareProfile> profile = ParseHardwareProfile(spec.profile);
       !profile.ok()) {
     return profile.status();
@@ -250,6 +269,14 @@ absl::Status ValidatePlanSpec(const PlanSpec& spec) {
         "; raise recv_buffer_bytes to at least ", needed));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidatePlanSpec(const PlanSpec& spec) {
+  HSAP_RETURN_IF_ERROR(ValidateSizes(spec));
+  HSAP_RETURN_IF_ERROR(ValidateMask(spec));
+  return ValidateChoices(spec);
 }
 
 std::vector<MaskSlice> ResolveSlices(const PlanSpec& spec) {
