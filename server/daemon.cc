@@ -53,6 +53,11 @@ absl::StatusOr<shm::RegionLimits> ResolveRegionLimits(const DaemonOptions& optio
     return absl::InvalidArgumentError(absl::StrCat("max_sessions is ", options.max_sessions,
                                                    "; it must be >= 1"));
   }
+  if (options.session_stall_timeout < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_stall_timeout_s is ",
+                     absl::ToInt64Seconds(options.session_stall_timeout), "; it must be >= 1"));
+  }
   if (options.max_call_groups < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_call_groups is ", options.max_call_groups,
                                                    "; it must be >= 1"));
@@ -148,7 +153,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // The session socket last: a client that reaches it (the Python client's
   // LocalDaemon waits for it) finds the gRPC services up and serving.
   const uint32_t uid = options.allowed_uid >= 0 ? options.allowed_uid : getuid();
-  auto sessions = shm::SessionSocket::Start(d->session_socket_path(), &d->state_->sessions, uid);
+  auto sessions = shm::SessionSocket::Start(d->session_socket_path(), &d->state_->sessions, uid,
+                                            options.session_stall_timeout);
   if (!sessions.ok()) return sessions.status();
   d->session_socket_ = std::move(sessions).value();
   HSAP_LOG(INFO) << "hsapd serving on unix:" << options.socket_path << " (sessions: "

@@ -71,6 +71,9 @@ struct DaemonOptions {
   shm::RegionLimits region_limits;
   int max_sessions = shm::SessionManager::kDefaultMaxSessions;
   int max_call_groups = 4096;
+  // A session connection throttled this long without its client taking an
+  // ack is closed (session_socket.h).
+  absl::Duration session_stall_timeout = absl::Seconds(30);
   absl::Duration call_group_idle = absl::Minutes(10);
   // The /metrics endpoint's worker threads and per-connection timeout.
   int metrics_threads = 8;

@@ -68,6 +68,8 @@ ABSL_FLAG(uint64_t, max_region_mappings, 0,
           "client mappings at most (regions, and unregistered ones calls still use); 0: half of "
           "vm.max_map_count, leaving the rest to the daemon's own mappings");
 ABSL_FLAG(int, max_call_groups, 4096, "call groups the call matcher keeps state for at most");
+ABSL_FLAG(int, session_stall_timeout_s, 30,
+          "a session connection throttled this long without its client reading an ack is closed");
 ABSL_FLAG(int, call_group_idle_s, 600,
           "a call group unused this long is released even while its sessions live");
 ABSL_FLAG(int, metrics_threads, 8, "/metrics worker threads (slow clients up to this many delay nobody)");
@@ -136,6 +138,7 @@ int main(int argc, char** argv) {
   options.region_limits.max_total_bytes = absl::GetFlag(FLAGS_max_region_bytes);
   options.region_limits.max_mappings = absl::GetFlag(FLAGS_max_region_mappings);
   options.max_call_groups = absl::GetFlag(FLAGS_max_call_groups);
+  options.session_stall_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_stall_timeout_s));
   options.call_group_idle = absl::Seconds(absl::GetFlag(FLAGS_call_group_idle_s));
   options.metrics_threads = absl::GetFlag(FLAGS_metrics_threads);
   options.metrics_request_timeout_ms = absl::GetFlag(FLAGS_metrics_request_timeout_ms);

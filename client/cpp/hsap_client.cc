@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/fd_passing.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -84,19 +85,7 @@ absl::Status Client::PassFd(int fd, uint64_t transfer_id) {
   hsap::v1::SessionFdTransfer t;
   t.set_transfer_id(transfer_id);
   std::string bytes = t.SerializeAsString();
-  iovec iov = {bytes.data(), bytes.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-  if (sendmsg(session_fd_.get(), &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
+  if (SendWithFds(session_fd_.get(), bytes, {fd}, MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
     return absl::UnavailableError(absl::StrCat("session socket send failed: ", strerror(errno)));
   }
   char buf[4096];

@@ -374,7 +374,7 @@ bool BackwardTileImpl(const BwdTile& t) {
   const int D = t.head_dim;
   const int Dp = (D + 2 * N - 1) / (2 * N) * (2 * N);  // padded row length
   const int nk = t.num_keys;
-  const int64_t kb0 = t.first_key, kb1 = kb0 + nk;
+  const int64_t kb0 = t.first_key;
 
   const int64_t row_begin = t.row_begin, row_end = t.row_end;
   if (row_begin >= row_end) return false;

@@ -116,7 +116,7 @@ absl::StatusOr<RankMemory> RankMemory::Allocate(const RankLayout& l, const RankB
 int64_t RankMemory::BytesFor(const RankLayout& l, bool staged) {
   const int64_t es = l.elem_bytes, D = l.shape.head_dim;
   const int64_t Hq = l.shape.num_heads_q, Hkv = l.shape.num_heads_kv;
-  const int64_t nq = l.num_q_heads, nkv = l.num_kv_heads, n = l.local_rows;
+  const int64_t nq = l.num_q_heads, n = l.local_rows;
   const bool bwd = l.backward();
   int64_t bytes = 0;
   if (staged) {

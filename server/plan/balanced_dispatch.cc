@@ -4,9 +4,11 @@
 #include <array>
 #include <climits>
 #include <functional>
+#include <limits>
 #include <tuple>
 #include <utility>
 
+#include "server/plan/build_plan.h"
 #include "server/plan/demand.h"
 #include "server/plan/dispatch.h"
 #include "server/plan/parallel.h"
@@ -195,8 +197,11 @@ class RankTree {
 // Places `items` in order (see the header). Every rank ends with exactly its
 // quota of tokens: an item no rank has room for fills the ranks with the
 // most room.
+// `stop` (may be null) is polled every 1,024 items: a stopped placement
+// returns at once with an infinite imbalance (it never wins).
 Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units,
-              const std::vector<Item>& items, int64_t total, int32_t ranks, double slack) {
+              const std::vector<Item>& items, int64_t total, int32_t ranks, double slack,
+              const std::function<bool()>* stop) {
   constexpr int kCandidates = 4;
   constexpr int kTreeCandidates = 2;
   std::vector<int64_t> cap(ranks), area(ranks, 0), need(ranks, 0);
@@ -243,7 +248,12 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
   for (const Item& it : items) left_area += it.area;
   const double area_limit = static_cast<double>(left_area) / ranks * (1.0 + slack);
   std::vector<int32_t> candidates;
+  int64_t placed = 0;
   for (const Item& it : items) {
+    if ((++placed & 1023) == 0 && stop != nullptr && *stop && (*stop)()) {
+      out.imbalance = std::numeric_limits<double>::infinity();
+      return out;
+    }
     const int64_t len = it.end - it.begin;
     left_area -= it.area;
     left_tokens -= len;
@@ -322,6 +332,9 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
   const std::vector<Unit> units = BuildUnits(slices, total);
   const int64_t quota = std::max<int64_t>(1, Quota(total, ranks, 0));
   const SliceIndex index(slices);
+  // The compile's stop callback, taken on this thread: the placements run
+  // on the pool's threads.
+  const std::function<bool()>* const stop = CurrentCompileStop();
   // The exact need of the busiest rank (DESIGN.md §8), for the attempts
   // balanced enough to compete on communication.
   auto exact_max_need = [&](std::vector<std::vector<TokenRange>>* ranges) {
@@ -352,7 +365,7 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
   auto place_all = [&](const std::vector<Item>& items, absl::Span<const double> slacks) {
     std::vector<Attempt> out(slacks.size());
     ForEachIndex(pool, static_cast<int64_t>(slacks.size()), [&](int64_t i) {
-      out[i] = Place(slices, units, items, total, ranks, slacks[i]);
+      out[i] = Place(slices, units, items, total, ranks, slacks[i], stop);
     });
     for (Attempt& a : out) consider(std::move(a));
   };
@@ -397,7 +410,19 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
   // Nothing balanced yet: finer pieces, down to 16 tokens.
   for (int64_t piece = quota >> 6; best.imbalance > kBalancedImbalanceGoal && piece >= 16;
        piece /= 2) {
-    consider(Place(slices, units, Lpt(MakeItems(slices, units, piece)), total, ranks, 0.04));
+    consider(
+        Place(slices, units, Lpt(MakeItems(slices, units, piece)), total, ranks, 0.04, stop));
+  }
+  if (stop != nullptr && *stop && (*stop)()) {
+    // Stopped: a valid dispatch (contiguous quotas) the caller discards.
+    std::vector<std::vector<TokenRange>> contiguous(ranks);
+    int64_t begin = 0;
+    for (int32_t r = 0; r < ranks; ++r) {
+      const int64_t q = Quota(total, ranks, r);
+      if (q > 0) contiguous[r].push_back({begin, begin + q});
+      begin += q;
+    }
+    return contiguous;
   }
   for (auto& r : best.ranges) r = Normalize(std::move(r));
   return std::move(best.ranges);

@@ -23,6 +23,9 @@ namespace hsap::plan::internal {
 absl::Status CheckCompileStop();
 // Sets the calling thread's stop callback; returns the previous one.
 const std::function<bool()>* SetCompileStop(const std::function<bool()>* stop);
+// The calling thread's stop callback (null: none), for long loops that run
+// on the pool's threads (which have none of their own).
+const std::function<bool()>* CurrentCompileStop();
 
 // Per-row bytes of a head all-to-all payload for a slot (wire_layout.h).
 int64_t HeadRowBytes(Payload p, const HeadShape& shape, const HeadSlot& slot);

@@ -31,6 +31,8 @@ const std::function<bool()>* SetCompileStop(const std::function<bool()>* stop) {
   return old;
 }
 
+const std::function<bool()>* CurrentCompileStop() { return tl_compile_stop; }
+
 absl::Status CheckCompileStop() {
   if (tl_compile_stop != nullptr && *tl_compile_stop && (*tl_compile_stop)()) {
     return absl::CancelledError("the plan compile's caller gave up (deadline or cancellation)");

@@ -43,6 +43,9 @@ struct Connection {
   bool close_after_flush = false;
   uint32_t events = 0;      // what the epoll set watches now
   uint32_t generation = 0;  // tells a reused fd number's events apart
+  // Since when the connection has been throttled without the client taking
+  // an ack (InfiniteFuture: not throttled).
+  absl::Time stalled_since = absl::InfiniteFuture();
 };
 
 uint64_t EventKey(int fd, uint32_t generation) {
@@ -157,6 +160,12 @@ class SessionSocket::Loop {
         timeout_ms = static_cast<int>(std::max<int64_t>(
             0, absl::ToInt64Milliseconds(resume_accept_ - absl::Now()) + 1));
       }
+      const absl::Time stall_check = CloseStalled();
+      if (stall_check != absl::InfiniteFuture()) {
+        const int until = static_cast<int>(std::max<int64_t>(
+            0, absl::ToInt64Milliseconds(stall_check - absl::Now()) + 1));
+        timeout_ms = timeout_ms < 0 ? until : std::min(timeout_ms, until);
+      }
       const int n = epoll_wait(epoll_.get(), events, 64, timeout_ms);
       if (n < 0) {
         if (errno == EINTR) continue;
@@ -186,6 +195,31 @@ class SessionSocket::Loop {
   }
 
  private:
+  // Closes the connections throttled without progress for the stall
+  // timeout; returns when the next one would be due (InfiniteFuture: none
+  // is throttled). O(connections), only while some connection is throttled.
+  absl::Time CloseStalled() {
+    if (!any_throttled_) return absl::InfiniteFuture();
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    any_throttled_ = false;
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      auto here = it++;
+      const absl::Time since = here->second.stalled_since;
+      if (since == absl::InfiniteFuture()) continue;
+      if (now - since >= owner_->stall_timeout_) {
+        HSAP_LOG(WARNING) << "session " << here->second.session << ": the client has taken no "
+                          << "acknowledgement for " << absl::FormatDuration(now - since)
+                          << " while throttled; closing it";
+        Close(here);
+        continue;
+      }
+      any_throttled_ = true;
+      next = std::min(next, since + owner_->stall_timeout_);
+    }
+    return next;
+  }
+
   void Watch(int fd, uint32_t events) {
     epoll_event e = {};
     e.events = events;
@@ -198,6 +232,12 @@ class SessionSocket::Loop {
   // What a connection should be watched for: input unless throttled (or
   // closing), output while acks wait.
   void UpdateInterest(Connection& c) {
+    if (c.out.size() < static_cast<size_t>(SessionSocket::kMaxQueuedAcks)) {
+      c.stalled_since = absl::InfiniteFuture();
+    } else if (c.stalled_since == absl::InfiniteFuture()) {
+      c.stalled_since = absl::Now();
+    }
+    if (c.stalled_since != absl::InfiniteFuture()) any_throttled_ = true;
     uint32_t want = EPOLLRDHUP;
     if (!c.close_after_flush && c.out.size() < static_cast<size_t>(kMaxQueuedAcks)) want |= EPOLLIN;
     if (!c.out.empty()) want |= EPOLLOUT;
@@ -219,6 +259,7 @@ class SessionSocket::Loop {
         return false;
       }
       c.out.pop_front();  // SOCK_SEQPACKET: a message goes whole or not at all
+      c.stalled_since = absl::InfiniteFuture();  // progress
     }
     return !c.close_after_flush;
   }
@@ -325,15 +366,16 @@ class SessionSocket::Loop {
   UniqueFd epoll_;
   std::map<int, Connection> conns_;  // by fd
   bool listening_ = true;
+  bool any_throttled_ = false;  // some connection may be throttled: check stalls
   absl::Time resume_accept_ = absl::InfinitePast();
   absl::Duration backoff_ = kFirstBackoff;
   absl::Time last_backoff_log_ = absl::InfinitePast();
   uint32_t generations_ = 0;  // connections accepted so far (never 0 for one)
 };
 
-absl::StatusOr<std::unique_ptr<SessionSocket>> SessionSocket::Start(std::string path,
-                                                                   SessionManager* sessions,
-                                                                   uint32_t allowed_uid) {
+absl::StatusOr<std::unique_ptr<SessionSocket>> SessionSocket::Start(
+    std::string path, SessionManager* sessions, uint32_t allowed_uid,
+    absl::Duration stall_timeout) {
   struct sockaddr_un addr = {};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -356,16 +398,17 @@ absl::StatusOr<std::unique_ptr<SessionSocket>> SessionSocket::Start(std::string 
   UniqueFd epoll(epoll_create1(EPOLL_CLOEXEC));
   if (!epoll.valid()) return Errno("epoll_create1");
   return std::unique_ptr<SessionSocket>(
-      new SessionSocket(std::move(path), sessions, allowed_uid, std::move(listen_fd),
+      new SessionSocket(std::move(path), sessions, allowed_uid, stall_timeout, std::move(listen_fd),
                         std::move(wake_read), std::move(wake_write), std::move(epoll)));
 }
 
 SessionSocket::SessionSocket(std::string path, SessionManager* sessions, uint32_t allowed_uid,
-                             UniqueFd listen, UniqueFd wake_read, UniqueFd wake_write,
-                             UniqueFd epoll)
+                             absl::Duration stall_timeout, UniqueFd listen, UniqueFd wake_read,
+                             UniqueFd wake_write, UniqueFd epoll)
     : path_(std::move(path)),
       sessions_(sessions),
       allowed_uid_(allowed_uid),
+      stall_timeout_(stall_timeout),
       listen_(std::move(listen)),
       wake_read_(std::move(wake_read)),
       wake_write_(std::move(wake_write)) {

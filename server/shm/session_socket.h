@@ -17,6 +17,11 @@
 //    per-connection queue; once kMaxQueuedAcks wait, the daemon stops
 //    reading that connection until the client reads its acks. Its own
 //    sends then block in its kernel buffer; nobody else notices.
+//  * A connection throttled without progress (no ack taken by the client)
+//    for `stall_timeout` is closed. Without this, a client could pass its
+//    own socket in transfers the daemon has stopped reading, then exit:
+//    those in-flight fds keep its end open, so the daemon never sees the
+//    hang-up and the session (and its regions) would live forever.
 //  * At the fd limit (EMFILE/ENFILE/ENOBUFS/ENOMEM from accept4) the
 //    listening socket is taken out of the epoll set for a backoff (50 ms,
 //    doubling to 1 s, reset by the next successful accept): connections
@@ -34,6 +39,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/unique_fd.h"
 #include "server/shm/session_manager.h"
 
@@ -47,9 +53,9 @@ class SessionSocket {
   // Binds `path` (removing a stale socket file) with mode 0600 and starts
   // the serving thread. Peers whose uid is neither `allowed_uid` nor 0 are
   // refused (the connection is closed after a log line).
-  static absl::StatusOr<std::unique_ptr<SessionSocket>> Start(std::string path,
-                                                              SessionManager* sessions,
-                                                              uint32_t allowed_uid);
+  static absl::StatusOr<std::unique_ptr<SessionSocket>> Start(
+      std::string path, SessionManager* sessions, uint32_t allowed_uid,
+      absl::Duration stall_timeout = absl::Seconds(30));
   // Stops the thread, ends every session, removes the socket file.
   ~SessionSocket();
   SessionSocket(const SessionSocket&) = delete;
@@ -63,12 +69,14 @@ class SessionSocket {
 
  private:
   class Loop;
-  SessionSocket(std::string path, SessionManager* sessions, uint32_t allowed_uid, UniqueFd listen,
-                UniqueFd wake_read, UniqueFd wake_write, UniqueFd epoll);
+  SessionSocket(std::string path, SessionManager* sessions, uint32_t allowed_uid,
+                absl::Duration stall_timeout, UniqueFd listen, UniqueFd wake_read,
+                UniqueFd wake_write, UniqueFd epoll);
 
   const std::string path_;
   SessionManager* const sessions_;
   const uint32_t allowed_uid_;
+  const absl::Duration stall_timeout_;
   UniqueFd listen_;
   UniqueFd wake_read_;
   UniqueFd wake_write_;

@@ -1,5 +1,6 @@
 #include "server/shm/session_socket.h"
 
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -9,9 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
-#include <vector>
 #include <thread>
+#include <vector>
 
+#include "common/fd_passing.h"
 #include "gtest/gtest.h"
 #include "hsap/v1/regions.pb.h"
 
@@ -38,19 +40,7 @@ void SendFd(int sock, uint64_t transfer_id, int fd) {
   hsap::v1::SessionFdTransfer t;
   t.set_transfer_id(transfer_id);
   std::string bytes = t.SerializeAsString();
-  iovec iov = {bytes.data(), bytes.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-  ASSERT_EQ(sendmsg(sock, &msg, 0), static_cast<ssize_t>(bytes.size()));
+  ASSERT_EQ(SendWithFds(sock, bytes, {fd}, 0), static_cast<ssize_t>(bytes.size()));
 }
 
 template <typename M>
@@ -130,19 +120,7 @@ bool TrySendFd(int sock, uint64_t transfer_id, int fd) {
   hsap::v1::SessionFdTransfer t;
   t.set_transfer_id(transfer_id);
   std::string bytes = t.SerializeAsString();
-  iovec iov = {bytes.data(), bytes.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-  return sendmsg(sock, &msg, MSG_DONTWAIT) == static_cast<ssize_t>(bytes.size());
+  return SendWithFds(sock, bytes, {fd}, MSG_DONTWAIT) == static_cast<ssize_t>(bytes.size());
 }
 
 // A client that floods transfers and never reads its acks is throttled;
@@ -190,6 +168,50 @@ TEST(SessionSocketTest, ASlowReaderDoesNotBlockOtherSessions) {
   }
   close(mfd);
   close(flooder);
+}
+
+// A client floods transfers that carry its own socket until the daemon
+// throttles it and its buffer is full, then exits. The transfers the daemon
+// has not read hold the client's end open, so no hang-up ever comes: only
+// the stall timeout ends the session. With an hour's timeout it is still
+// alive after 2 s (the hazard); with 1 s it ends.
+TEST(SessionSocketTest, AThrottledClientThatLeftIsClosedAfterTheStallTimeout) {
+  for (const absl::Duration stall : {absl::Hours(1), absl::Seconds(1)}) {
+    RegionRegistry registry;
+    SessionManager sessions(&registry);
+    const std::string path = ShortTempDir() + "/s.sock";
+    auto server = SessionSocket::Start(path, &sessions, getuid(), stall);
+    ASSERT_TRUE(server.ok());
+    const int client = Connect(path);
+    Receive<hsap::v1::SessionHello>(client);
+    // Send until the daemon stops reading: our acks fill our receive queue,
+    // the daemon's queue of acks fills (throttled), then our sends fill its
+    // receive queue and stay there for 300 ms.
+    int sent = 0;
+    for (uint64_t id = 1; id <= 20000; ++id) {
+      if (!TrySendFd(client, id, client)) {
+        pollfd p = {client, POLLOUT, 0};
+        if (poll(&p, 1, 300) != 1 || !TrySendFd(client, id, client)) break;
+      }
+      ++sent;
+    }
+    EXPECT_GT(sent, SessionSocket::kMaxQueuedAcks);
+    close(client);
+    const auto start = std::chrono::steady_clock::now();
+    const auto waited = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    while (sessions.num_sessions() != 0 && waited() < 4.0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::printf("stall timeout %s: %d transfers sent; after %.2f s %d session(s) open\n",
+                absl::FormatDuration(stall).c_str(), sent, waited(), sessions.num_sessions());
+    if (stall > absl::Minutes(1)) {
+      EXPECT_EQ(sessions.num_sessions(), 1) << "the hazard did not arise: the test shows nothing";
+    } else {
+      EXPECT_EQ(sessions.num_sessions(), 0);
+    }
+  }
 }
 
 TEST(SessionSocketTest, SessionsPastTheCapGetAHelloWithResourceExhausted) {

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/fd_passing.h"
 #include "google/protobuf/stubs/logging.h"
 #include "hsap/v1/regions.pb.h"
 #include "server/shm/session_socket.h"
@@ -46,7 +47,10 @@ struct Server {
     char tmpl[] = "/tmp/hsap-fuzz-session-XXXXXX";
     FUZZ_CHECK(mkdtemp(tmpl) != nullptr);
     dir = tmpl;
-    auto s = SessionSocket::Start(dir + "/s.sock", &sessions, getuid());
+    // A short stall timeout: a throttled connection whose client left (its
+    // own socket in flight keeps it open) ends within ExpectAllReclaimed's
+    // wait.
+    auto s = SessionSocket::Start(dir + "/s.sock", &sessions, getuid(), absl::Seconds(1));
     FUZZ_CHECK(s.ok());
     socket = std::move(s).value();
   }
@@ -171,21 +175,8 @@ void SendOne(Conn& c, FuzzedDataProvider& in) {
     if (f.valid()) raw.push_back(f.get());
   }
   if (raw.size() != nfds) e.well_formed = false;
-  iovec iov = {bytes.data(), bytes.size()};
-  msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(raw.size(), 1)));
-  if (!raw.empty()) {
-    msg.msg_control = control.data();
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * raw.size());
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int) * raw.size());
-    std::memcpy(CMSG_DATA(cm), raw.data(), sizeof(int) * raw.size());
-  }
-  if (sendmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size())) {
+  if (SendWithFds(c.fd.get(), bytes, raw, MSG_DONTWAIT | MSG_NOSIGNAL) ==
+      static_cast<ssize_t>(bytes.size())) {
     c.pending.push_back(e);
   }
 }
@@ -222,20 +213,10 @@ void RunInput(FuzzedDataProvider& in) {
         for (int i = 0; i < burst && mfd.valid(); ++i) {
           t.set_transfer_id(1000 + i);
           const std::string b = t.SerializeAsString();
-          iovec iov = {const_cast<char*>(b.data()), b.size()};
-          alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-          msghdr msg = {};
-          msg.msg_iov = &iov;
-          msg.msg_iovlen = 1;
-          msg.msg_control = control;
-          msg.msg_controllen = sizeof(control);
-          cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-          cm->cmsg_level = SOL_SOCKET;
-          cm->cmsg_type = SCM_RIGHTS;
-          cm->cmsg_len = CMSG_LEN(sizeof(int));
-          const int raw = mfd.get();
-          std::memcpy(CMSG_DATA(cm), &raw, sizeof(int));
-          if (sendmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(b.size())) break;
+          if (SendWithFds(c.fd.get(), b, {mfd.get()}, MSG_DONTWAIT | MSG_NOSIGNAL) !=
+              static_cast<ssize_t>(b.size())) {
+            break;
+          }
           c.pending.push_back({.well_formed = true, .region_fd = true, .id = 1000u + i});
         }
         break;

@@ -8,19 +8,25 @@
 //    releases its regions;
 //  * fair sharing: a small call of another session is not held behind a long
 //    one for more than a quantum;
+//  * a compile whose client gave up (Plans.CompilePlan past its deadline)
+//    stops;
 // and after each the daemon still serves a correct call.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <future>
 #include <string>
 #include <thread>
+
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cpp/attention_buffers.h"
 #include "client/cpp/hsap_client.h"
 #include "gtest/gtest.h"
+#include "hsap/v1/plans.grpc.pb.h"
 #include "kernels/cpu/reference.h"
 #include "tests/integration/test_daemon.h"
 
@@ -110,6 +116,65 @@ TEST(CallControlTest, CallBeyondTheMemoryBudgetIsRefusedUpFront) {
   EXPECT_LT(took, absl::Seconds(20));
   b->reset();
   ExpectServesACorrectCall(c->get(), "after-huge");
+}
+
+// CPU seconds (utime + stime) of `pid`.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = all.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(all.substr(close + 2));
+  std::string f;
+  double ticks = 0;
+  for (int i = 0; i < 13 && rest >> f; ++i) {
+    if (i == 11 || i == 12) ticks += std::stod(f);  // utime, stime
+  }
+  return ticks / sysconf(_SC_CLK_TCK);
+}
+
+// Plans.CompilePlan over 2^20 one-token documents on 16 x 8 ranks (tens of
+// seconds of compiling) with a 1 s deadline: the client gets
+// DEADLINE_EXCEEDED, and the daemon stops compiling soon after (its CPU use
+// drops to idle); then it serves a correct call.
+TEST(CallControlTest, AbandonedCompileStops) {
+  auto daemon = StartDaemon({});
+  ASSERT_NE(daemon, nullptr);
+  auto c = client::Client::Connect(daemon->socket());
+  ASSERT_TRUE(c.ok());
+  hsap::v1::CompilePlanRequest req;
+  auto* spec = req.mutable_spec();
+  const int64_t T = int64_t{1} << 20;
+  for (int64_t t = 0; t <= T; ++t) spec->add_cu_seqlens(t);
+  spec->set_total_tokens(T);
+  spec->set_causal(true);
+  spec->mutable_topology()->set_num_nodes(16);
+  spec->mutable_topology()->set_devices_per_node(8);
+  spec->mutable_shape()->set_num_heads_q(8);
+  spec->mutable_shape()->set_num_heads_kv(2);
+  spec->mutable_shape()->set_head_dim(64);
+  spec->mutable_shape()->set_dtype(hsap::v1::DTYPE_BFLOAT16);
+  spec->set_strategy(hsap::v1::STRATEGY_AUTO);
+  req.set_skip_cache(true);
+  auto stub = hsap::v1::Plans::NewStub((*c)->channel());
+  grpc::ClientContext ctx;
+  (*c)->Authorize(&ctx);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  hsap::v1::CompilePlanResponse resp;
+  const absl::Time start = absl::Now();
+  const grpc::Status st = stub->CompilePlan(&ctx, req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st.error_message();
+  // Give the compile up to 3 s after the deadline to notice, then measure
+  // 1 s of the daemon's CPU time: idle (a compile keeps a core busy).
+  absl::SleepFor(absl::Seconds(3));
+  const double cpu0 = CpuSeconds(daemon->pid());
+  absl::SleepFor(absl::Seconds(1));
+  const double busy = CpuSeconds(daemon->pid()) - cpu0;
+  std::printf("abandoned compile: the client gave up after %s; daemon CPU %.2f s over 1 s, 3 s "
+              "after the deadline\n",
+              absl::FormatDuration(absl::Now() - start - absl::Seconds(4)).c_str(), busy);
+  EXPECT_LT(busy, 0.3) << "the daemon kept compiling after its client left";
+  ExpectServesACorrectCall(c->get(), "after-compile");
 }
 
 // 32 K tokens of one causal document, 4 heads: several seconds of kernels

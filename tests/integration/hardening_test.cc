@@ -33,6 +33,7 @@
 #include "absl/time/clock.h"
 #include "client/cpp/attention_buffers.h"
 #include "client/cpp/hsap_client.h"
+#include "common/fd_passing.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
@@ -301,20 +302,7 @@ TEST(HardeningTest, AFloodingClientAndTheFdLimitWedgeNobody) {
   int sent = 0;
   for (uint64_t id = 1; id <= 3000; ++id) {
     const std::string m = testing::TransferMessage(id);
-    iovec iov = {const_cast<char*>(m.data()), m.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    const int raw = mfd.get();
-    std::memcpy(CMSG_DATA(cm), &raw, sizeof(int));
-    if (sendmsg(flooder.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL) <= 0) break;
+    if (SendWithFds(flooder.get(), m, {mfd.get()}, MSG_DONTWAIT | MSG_NOSIGNAL) <= 0) break;
     ++sent;
   }
   std::printf("the flooder sent %d transfers before its socket filled\n", sent);
