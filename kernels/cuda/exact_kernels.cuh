@@ -48,7 +48,7 @@ constexpr int kScanBackwardTensors = 6;
 constexpr int kScanForwardMaxExp = 56;
 constexpr int kScanBackwardMaxExp = 30;
 
-// Blocks of an exact launch over `rows` (row, head) threads.
+// Blocks of an exact launch of `threads` (row, head) threads, capped.
 inline int ExactBlocks(int64_t threads) {
   const int64_t blocks = (threads + kExactThreads - 1) / kExactThreads;
   return static_cast<int>(blocks < 1 ? 1 : (blocks > kExactMaxBlocks ? kExactMaxBlocks : blocks));
