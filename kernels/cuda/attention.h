@@ -13,6 +13,10 @@
 // Supported: storage bf16 and fp16 (fp32 storage is the CPU backend's job:
 // INVALID_ARGUMENT naming `dtype`), head_dim 64, 128 or 256, any Hq % Hkv == 0.
 // A query row that sees no key keeps LSE = -inf and O = 0, never NaN.
+// NaN/Inf: as a dense float64 softmax over the allowed (q, k) pairs
+// (docs/numerics.md): a scan kernel flags the items whose inputs are not
+// all finite (or large enough to overflow fp32 products) and those items
+// run on float64 exact kernels (exact_kernels.cuh), one launch per item.
 //
 // Asynchrony: every call returns once its work is queued on `stream`; host
 // arrays passed in (`items`, `ranges`) may be freed on return (they are
@@ -61,7 +65,8 @@ using ::hsap::kernels::FwdWorkItem;
 [[nodiscard]] absl::Status Forward(const AttentionShape& shape,
                                    absl::Span<const FwdWorkItem> items, CudaStream stream);
 
-// Queues `items` on `stream` in one launch. Items may share dq/dk/dv rows
+// Queues `items` on `stream`: the scan, one tile launch, one exact launch
+// per item (returning at once for unflagged items). Items may share dq/dk/dv rows
 // (all updates are fp32 atomic adds, so the sum is the serial sum up to fp32
 // rounding, in a nondeterministic order).
 [[nodiscard]] absl::Status Backward(const AttentionShape& shape,

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/backward_kernel.cuh"
+#include "kernels/cuda/exact_kernels.cuh"
 #include "kernels/cuda/fragment_layout.h"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/mma.cuh"
@@ -40,6 +41,31 @@ absl::Status LaunchBackwardD(int head_dim, const BwdParams& params, int num_tile
   }
 }
 
+// The scan of the items' inputs into `exact` (zeroed), the fast launch
+// (which skips flagged items), then one exact launch per item in item
+// order (each returns at once unless its item is flagged).
+template <typename T>
+absl::Status LaunchBackwardAll(const AttentionShape& shape, const BwdParams& params,
+                               const std::vector<BwdWorkItem>& resolved, int num_tiles,
+                               uint8_t* exact, cudaStream_t stream) {
+  const int num_items = static_cast<int>(resolved.size());
+  ScanBackwardKernel<T><<<dim3(num_items, kScanBackwardTensors), kScanThreads, 0, stream>>>(
+      params.items, shape.num_heads_q, shape.num_heads_kv, shape.head_dim, exact);
+  HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  HSAP_RETURN_IF_ERROR(
+      LaunchBackwardD<T>(shape.head_dim, params, num_tiles, shape.num_heads_q, stream));
+  for (int i = 0; i < num_items; ++i) {
+    if (resolved[i].num_q <= 0 || resolved[i].num_k <= 0) continue;
+    const ExactParams exact_params{params.items,      exact,           i,
+                                   shape.num_heads_q, shape.num_heads_kv, shape.head_dim,
+                                   static_cast<double>(shape.softmax_scale)};
+    const int blocks = ExactBlocks(resolved[i].num_q * shape.num_heads_q);
+    ExactBackwardKernel<T><<<blocks, kExactThreads, 0, stream>>>(exact_params);
+    HSAP_KERNEL_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
@@ -47,12 +73,13 @@ absl::Status Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem>
   internal::BackwardPlan plan;
   HSAP_RETURN_IF_ERROR(internal::PlanBackward(shape, items, kBwdBlockK, &plan));
   if (plan.tiles.empty()) return absl::OkStatus();
-  const int D = shape.head_dim;
   const std::vector<BwdWorkItem>& resolved = plan.items;
   const std::vector<TileRef>& tiles = plan.tiles;
   std::vector<uint8_t> table;
   const size_t items_at = internal::AppendTable(resolved, &table);
   const size_t tiles_at = internal::AppendTable(tiles, &table);
+  // The scan's flags travel as zeros with the tables (no memset, no sync).
+  const size_t exact_at = internal::AppendTable(std::vector<uint8_t>(resolved.size(), 0), &table);
   internal::StreamScratch scratch(stream);
   HSAP_RETURN_IF_ERROR(scratch.Upload(table));
   BwdParams params;
@@ -63,11 +90,13 @@ absl::Status Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem>
   params.group = shape.num_heads_q / shape.num_heads_kv;
   params.scale = shape.softmax_scale;
   params.scale_log2 = shape.softmax_scale * 1.4426950408889634f;
+  uint8_t* exact = scratch.MutableAt<uint8_t>(exact_at);
+  params.exact = exact;
   const int num_tiles = static_cast<int>(tiles.size());
   if (shape.dtype == DType::kBFloat16) {
-    return LaunchBackwardD<__nv_bfloat16>(D, params, num_tiles, shape.num_heads_q, stream);
+    return LaunchBackwardAll<__nv_bfloat16>(shape, params, resolved, num_tiles, exact, stream);
   }
-  return LaunchBackwardD<__half>(D, params, num_tiles, shape.num_heads_q, stream);
+  return LaunchBackwardAll<__half>(shape, params, resolved, num_tiles, exact, stream);
 }
 
 }  // namespace hsap::kernels::cuda

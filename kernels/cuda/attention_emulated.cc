@@ -1,6 +1,7 @@
 // kernels/cuda/attention.h implemented on the CPU through the emulation of
 // the CUDA features the kernels use (emulation.h): the kernels' own source
-// (forward_kernel.cuh, backward_kernel.cuh, util_kernels.cuh) on the launch
+// (forward_kernel.cuh, backward_kernel.cuh, exact_kernels.cuh,
+// util_kernels.cuh) on the launch
 // plans the real entry points build (launch_plan.h). Test-only: it lets the
 // executor's CUDA backend run whole plans in CI, without a GPU
 // (tests/gpu:executor_emulation_test).
@@ -20,6 +21,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/backward_kernel.cuh"
 #include "kernels/cuda/emulation.h"
+#include "kernels/cuda/exact_kernels.cuh"
 #include "kernels/cuda/forward_kernel.cuh"
 #include "kernels/cuda/launch_plan.h"
 #include "kernels/cuda/util_kernels.cuh"
@@ -33,13 +35,40 @@ namespace kern = kernel;
 // and each emulated CTA costs its 256 fibers.
 int SmallGrid(int64_t n) { return std::min(kern::GridFor(n), 4); }
 
+// The scan and exact kernels are block-stride / grid-stride loops: any
+// block size computes the same; one warp per CTA keeps the emulation's
+// per-fiber cost (a context switch each) small next to the tile kernels.
+constexpr int kEmulatedSmallThreads = 32;
+
 std::mutex& LaunchMutex() {
   static std::mutex mu;
   return mu;
 }
 
+// One exact launch per item in item order, as attention_fwd.cu /
+// attention_bwd.cu; each returns at once unless its item is flagged.
+template <typename Kernel>
+void EmulateExact(const AttentionShape& s, const void* items, const int64_t* num_q,
+                  const int64_t* num_k, size_t num_items, const uint8_t* exact, Kernel kernel) {
+  for (size_t i = 0; i < num_items; ++i) {
+    if (num_q[i] <= 0 || num_k[i] <= 0) continue;
+    const kern::ExactParams p{items,         exact,           static_cast<int>(i),
+                              s.num_heads_q, s.num_heads_kv, s.head_dim,
+                              static_cast<double>(s.softmax_scale)};
+    // The kernels are grid-stride loops: one CTA is the same computation.
+    emu::Launch(1, 1, kEmulatedSmallThreads, [&] { kernel(p); });
+  }
+}
+
 template <typename T, int D>
 void EmulateForward(const AttentionShape& s, const internal::ForwardPlan& plan) {
+  // The scan's flags (device scratch on a GPU), zeroed.
+  std::vector<uint8_t> exact(plan.items.size(), 0);
+  const int num_items = static_cast<int>(plan.items.size());
+  emu::Launch(num_items, kern::kScanForwardTensors, kEmulatedSmallThreads, [&] {
+    kern::ScanForwardKernel<T>(plan.items.data(), s.num_heads_q, s.num_heads_kv, s.head_dim,
+                               exact.data());
+  });
   for (size_t w = 0; w + 1 < plan.wave_begin.size(); ++w) {
     kern::FwdParams p;
     p.items = plan.items.data();
@@ -47,14 +76,28 @@ void EmulateForward(const AttentionShape& s, const internal::ForwardPlan& plan) 
     p.num_heads_q = s.num_heads_q;
     p.group = s.num_heads_q / s.num_heads_kv;
     p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
+    p.exact = exact.data();
     const int tiles = static_cast<int>(plan.wave_begin[w + 1] - plan.wave_begin[w]);
     if (tiles == 0) continue;
     emu::Launch(tiles, s.num_heads_q, kern::kFwdThreads, [&] { kern::ForwardKernel<T, D>(p); });
   }
+  std::vector<int64_t> num_q, num_k;
+  for (const FwdWorkItem& it : plan.items) {
+    num_q.push_back(it.num_q);
+    num_k.push_back(it.num_k);
+  }
+  EmulateExact(s, plan.items.data(), num_q.data(), num_k.data(), plan.items.size(), exact.data(),
+               [](const kern::ExactParams& p) { kern::ExactForwardKernel<T>(p); });
 }
 
 template <typename T, int D>
 void EmulateBackward(const AttentionShape& s, const internal::BackwardPlan& plan) {
+  std::vector<uint8_t> exact(plan.items.size(), 0);
+  const int num_items = static_cast<int>(plan.items.size());
+  emu::Launch(num_items, kern::kScanBackwardTensors, kEmulatedSmallThreads, [&] {
+    kern::ScanBackwardKernel<T>(plan.items.data(), s.num_heads_q, s.num_heads_kv, s.head_dim,
+                                exact.data());
+  });
   kern::BwdParams p;
   p.items = plan.items.data();
   p.tiles = plan.tiles.data();
@@ -63,8 +106,16 @@ void EmulateBackward(const AttentionShape& s, const internal::BackwardPlan& plan
   p.group = s.num_heads_q / s.num_heads_kv;
   p.scale = s.softmax_scale;
   p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
+  p.exact = exact.data();
   emu::Launch(static_cast<int>(plan.tiles.size()), s.num_heads_q, kern::BwdTraits<D>::kThreads,
               [&] { kern::BackwardKernel<T, D>(p); });
+  std::vector<int64_t> num_q, num_k;
+  for (const BwdWorkItem& it : plan.items) {
+    num_q.push_back(it.num_q);
+    num_k.push_back(it.num_k);
+  }
+  EmulateExact(s, plan.items.data(), num_q.data(), num_k.data(), plan.items.size(), exact.data(),
+               [](const kern::ExactParams& p) { kern::ExactBackwardKernel<T>(p); });
 }
 
 template <typename T>

@@ -66,6 +66,9 @@ struct BwdParams {
   int group;  // Hq / Hkv
   float scale;
   float scale_log2;
+  // One flag per item (exact_kernels.cuh's scan): tiles of flagged items
+  // return at once, the exact kernels compute them. Null: none flagged.
+  const uint8_t* exact = nullptr;
 };
 
 template <typename T, int D>
@@ -87,6 +90,7 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) BackwardKernel(BwdPara
   float* delta_s = lse_s + kBwdBlockQ;                                 // [kBwdBlockQ]
 
   const TileRef tile = p.tiles[blockIdx.x];
+  if (p.exact != nullptr && p.exact[tile.item]) return;  // the exact kernels' item
   const BwdWorkItem& item = p.items[tile.item];
   const int head = blockIdx.y;
   const int kv_head = head / p.group;

@@ -65,6 +65,9 @@ struct FwdParams {
   int num_heads_q;
   int group;          // Hq / Hkv
   float scale_log2;   // softmax_scale * log2(e)
+  // One flag per item (exact_kernels.cuh's scan): tiles of flagged items
+  // return at once, the exact kernels compute them. Null: none flagged.
+  const uint8_t* exact = nullptr;
 };
 
 template <typename T, int D>
@@ -81,6 +84,7 @@ __global__ void __launch_bounds__(kFwdThreads) ForwardKernel(FwdParams p) {
   T* v_s = k_s + 2 * kBK * kS;              // [2][kBK][kS]
 
   const TileRef tile = p.tiles[blockIdx.x];
+  if (p.exact != nullptr && p.exact[tile.item]) return;  // the exact kernels' item
   const FwdWorkItem& item = p.items[tile.item];
   const int head = blockIdx.y;
   const int kv_head = head / p.group;

@@ -55,6 +55,11 @@ class StreamScratch {
   const T* At(size_t offset) const {
     return reinterpret_cast<const T*>(static_cast<const uint8_t*>(device_) + offset);
   }
+  // The same, writable by kernels (e.g. the scan's flags, uploaded as zeros).
+  template <typename T>
+  T* MutableAt(size_t offset) const {
+    return reinterpret_cast<T*>(static_cast<uint8_t*>(device_) + offset);
+  }
 
  private:
   cudaStream_t stream_;
