@@ -6,7 +6,8 @@
 #      start hsapd run the sanitized binary (it is a data dependency).
 #   2. ThreadSanitizer: the concurrency tests — call matcher, plan cache,
 #      region registry, transports, executor, plan agreement, metrics
-#      registry and exposer, kernel thread pool. Not cluster_test: its
+#      registry and exposer, kernel thread pool, the numerics test (the
+#      kernels' waves on two threads, ranks on threads). Not cluster_test: its
 #      in-process gRPC traffic is synchronized inside uninstrumented gRPC
 #      (tests/sanitizers/tsan.supp explains).
 # The two runs are sequential (each takes both cores). Outputs live in
@@ -28,6 +29,7 @@ TSAN_TARGETS=(
   //server/metrics:registry_test
   //common:thread_pool_test
   //server/plan:compiler_pool_test
+  //tests/numerics:numerics_test
 )
 
 which=${1:-all}
