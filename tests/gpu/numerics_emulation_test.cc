@@ -24,6 +24,7 @@
 #include "server/exec/cuda_backend.h"
 #include "server/plan/compiler.h"
 #include "tests/numerics/group_harness.h"
+#include "tests/numerics/nonfinite_patterns.h"
 
 namespace hsap {
 namespace {
@@ -32,6 +33,10 @@ using plan::AssignmentPolicy;
 using plan::Strategy;
 using testing::GroupOutputs;
 using testing::GroupProblem;
+using testing::ExpectSameNonFiniteSet;
+using testing::ExpectSamePattern;
+using testing::Poison;
+using testing::Poisoned;
 using Outputs = std::pair<const std::vector<double>*, const std::vector<double>*>;
 
 std::unique_ptr<exec::ComputeBackend> EmulatedBackend(int32_t) {
@@ -49,41 +54,6 @@ absl::StatusOr<plan::Plan> Compile(GroupProblem* pr, plan::Topology topo, Strate
   return plan::CompilePlan(pr->spec);
 }
 
-// As numerics_test: the non-finite set of `got` equals `ref`'s (a NaN
-// where the other has an infinity is accepted).
-void ExpectSameNonFiniteSet(const std::vector<double>& got, const std::vector<double>& ref,
-                            const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  int64_t mismatched = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    mismatched += std::isfinite(got[i]) != std::isfinite(static_cast<float>(ref[i]));
-  }
-  EXPECT_EQ(mismatched, 0) << what;
-}
-
-// As numerics_test: the NaN pattern (and the pattern of infinities) of
-// `got` equals `ref`'s as fp32 rounds it.
-void ExpectSamePattern(const std::vector<double>& got, const std::vector<double>& ref,
-                       const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  int64_t nan_ref = 0, mismatched = 0;
-  int64_t first = -1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double r = static_cast<float>(ref[i]);
-    nan_ref += std::isnan(r);
-    const bool same = std::isnan(r) ? std::isnan(got[i])
-                      : std::isinf(r) ? got[i] == r
-                                      : std::isfinite(got[i]);
-    if (!same) {
-      ++mismatched;
-      if (first < 0) first = static_cast<int64_t>(i);
-    }
-  }
-  EXPECT_EQ(mismatched, 0) << what << ": first at " << first << " (got "
-                           << (first >= 0 ? got[first] : 0.0) << ", reference "
-                           << (first >= 0 ? ref[first] : 0.0) << "); reference NaNs " << nan_ref;
-}
-
 // Relative error over the entries both sides hold finite (fp32 rounding of
 // the reference), and the dtype's rounding error over the same entries.
 std::pair<double, double> FiniteErrorAndYardstick(const std::vector<double>& got,
@@ -96,21 +66,6 @@ std::pair<double, double> FiniteErrorAndYardstick(const std::vector<double>& got
     }
   }
   return {testing::RelativeError(a, b), std::max(testing::RoundingError(b, dtype), 1e-5)};
-}
-
-struct Poison {
-  const char* tensor;  // "q", "k", "v", "dO"
-  double value;
-};
-
-void Poisoned(GroupProblem* pr, const Poison& p, int64_t row, int head, int dim) {
-  std::vector<char>* t = std::string(p.tensor) == "q"   ? &pr->q
-                         : std::string(p.tensor) == "k" ? &pr->k
-                         : std::string(p.tensor) == "v" ? &pr->v
-                                                        : &pr->d_o;
-  const int heads = (t == &pr->k || t == &pr->v) ? pr->shape.num_heads_kv : pr->shape.num_heads_q;
-  StoreFromFloat(t->data(), pr->shape.dtype, (row * heads + head) * pr->shape.head_dim + dim,
-                 static_cast<float>(p.value));
 }
 
 // numerics_test's NaN/Inf cases: every poison at P = 1 (sap) and at P = 4

@@ -24,6 +24,7 @@
 #include "server/exec/cpu_backend.h"
 #include "server/plan/compiler.h"
 #include "tests/numerics/group_harness.h"
+#include "tests/numerics/nonfinite_patterns.h"
 
 namespace hsap {
 namespace {
@@ -32,6 +33,10 @@ using plan::AssignmentPolicy;
 using plan::Strategy;
 using testing::GroupOutputs;
 using testing::GroupProblem;
+using testing::ExpectSameNonFiniteSet;
+using testing::ExpectSamePattern;
+using testing::Poison;
+using testing::Poisoned;
 
 testing::BackendFactory Cpu(int threads) {
   return [threads](int32_t) { return std::make_unique<exec::CpuBackend>(threads); };
@@ -114,54 +119,6 @@ TEST(NumericsTest, EveryRankCountMatchesOneRank) {
     }
     std::printf("\n");
   }
-}
-
-// The non-finite set of `got` equals `ref`'s (a NaN where the other has an
-// infinity is accepted).
-void ExpectSameNonFiniteSet(const std::vector<double>& got, const std::vector<double>& ref,
-                            const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  int64_t mismatched = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    mismatched += std::isfinite(got[i]) != std::isfinite(static_cast<float>(ref[i]));
-  }
-  EXPECT_EQ(mismatched, 0) << what;
-}
-
-// The NaN pattern (and the pattern of infinities) of `got` equals `ref`'s.
-void ExpectSamePattern(const std::vector<double>& got, const std::vector<double>& ref,
-                       const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  int64_t nan_ref = 0, mismatched = 0;
-  int64_t first = -1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double r = static_cast<float>(ref[i]);  // as the fp32 output rounds it
-    nan_ref += std::isnan(r);
-    const bool same = std::isnan(r) ? std::isnan(got[i])
-                      : std::isinf(r) ? got[i] == r
-                                      : std::isfinite(got[i]);
-    if (!same) {
-      ++mismatched;
-      if (first < 0) first = static_cast<int64_t>(i);
-    }
-  }
-  EXPECT_EQ(mismatched, 0) << what << ": first at " << first << " (got " << got[first]
-                           << ", reference " << ref[first] << "); reference NaNs " << nan_ref;
-}
-
-struct Poison {
-  const char* tensor;  // "q", "k", "v", "dO"
-  double value;
-};
-
-void Poisoned(GroupProblem* pr, const Poison& p, int64_t row, int head, int dim) {
-  std::vector<char>* t = std::string(p.tensor) == "q"   ? &pr->q
-                         : std::string(p.tensor) == "k" ? &pr->k
-                         : std::string(p.tensor) == "v" ? &pr->v
-                                                        : &pr->d_o;
-  const int heads = (t == &pr->k || t == &pr->v) ? pr->shape.num_heads_kv : pr->shape.num_heads_q;
-  StoreFromFloat(t->data(), pr->shape.dtype, (row * heads + head) * pr->shape.head_dim + dim,
-                 static_cast<float>(p.value));
 }
 
 TEST(NumericsTest, NanAndInfinityPropagateAsTheReference) {
