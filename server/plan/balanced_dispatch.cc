@@ -335,6 +335,9 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
   // The compile's stop callback, taken on this thread: the placements run
   // on the pool's threads.
   const std::function<bool()>* const stop = CurrentCompileStop();
+  // Polled between the levels below too: one level's items and their sort
+  // take about a second under ASan at 2^20 documents.
+  auto stopped = [stop] { return stop != nullptr && *stop && (*stop)(); };
   // The exact need of the busiest rank (DESIGN.md §8), for the attempts
   // balanced enough to compete on communication.
   auto exact_max_need = [&](std::vector<std::vector<TokenRange>>* ranges) {
@@ -392,9 +395,10 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
   int levels_after_good = -1;
   for (int level = 0; level <= 5 && levels_after_good < 1; ++level) {
     const int64_t piece = quota >> level;
-    if (level > 0 && piece < 16) break;
+    if ((level > 0 && piece < 16) || stopped()) break;
     std::vector<Item> items = MakeItems(slices, units, piece);
     if (levels_after_good == 0 && items.size() > kExtraLevelMaxItems) break;
+    if (stopped()) break;
     if (cannot_balance(items)) {
       skipped.push_back(piece);
       continue;
@@ -404,16 +408,17 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
   }
   if (best.imbalance < 0 || best.imbalance > kBalancedImbalanceGoal) {
     for (int64_t piece : skipped) {
+      if (stopped()) break;
       place_all(Lpt(MakeItems(slices, units, piece)), kSlacks);
     }
   }
   // Nothing balanced yet: finer pieces, down to 16 tokens.
-  for (int64_t piece = quota >> 6; best.imbalance > kBalancedImbalanceGoal && piece >= 16;
-       piece /= 2) {
+  for (int64_t piece = quota >> 6;
+       best.imbalance > kBalancedImbalanceGoal && piece >= 16 && !stopped(); piece /= 2) {
     consider(
         Place(slices, units, Lpt(MakeItems(slices, units, piece)), total, ranks, 0.04, stop));
   }
-  if (stop != nullptr && *stop && (*stop)()) {
+  if (stopped()) {
     // Stopped: a valid dispatch (contiguous quotas) the caller discards.
     std::vector<std::vector<TokenRange>> contiguous(ranks);
     int64_t begin = 0;

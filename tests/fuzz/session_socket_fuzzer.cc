@@ -21,6 +21,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -94,9 +96,20 @@ struct Conn {
 };
 
 // Receives one message within `ms`; returns its size, 0 on EOF, -1 on timeout.
+// poll is retried on EINTR: libFuzzer's -timeout alarm (SIGALRM every
+// timeout/2 + 1 s) interrupts it and is not a timeout of the daemon.
 ssize_t Recv(int fd, char* buf, size_t len, int ms) {
   pollfd p = {fd, POLLIN, 0};
-  if (poll(&p, 1, ms) != 1) return -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    const int left = static_cast<int>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(
+               deadline - std::chrono::steady_clock::now()).count()));
+    const int r = poll(&p, 1, left);
+    if (r == 1) break;
+    if (r < 0 && errno == EINTR) continue;
+    return -1;
+  }
   const ssize_t n = recv(fd, buf, len, MSG_DONTWAIT);
   if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK) ? -1 : 0;
   return n;

@@ -15,6 +15,7 @@
 #include "server/exec/cuda_backend.h"
 #include "server/plan/compiler.h"
 #include "tests/numerics/group_harness.h"
+#include "tests/sanitizers/sweep.h"
 
 namespace hsap {
 namespace {
@@ -50,6 +51,7 @@ TEST_P(ExecutorEmulationTest, PlansMatchTheReference) {
       const DType dtype = c % 2 ? DType::kBFloat16 : DType::kFloat16;
       const int hkv = c % 3 == 0 ? 4 : 2;
       testing::GroupProblem pr = testing::RandomProblem(rng, 64 + rng() % 48, 50, 4, hkv, 64, dtype);
+      if (!sweep::Keeps(c, 2)) continue;
       pr.spec.causal = c % 4 != 1;
       pr.spec.topology = topo;
       pr.spec.strategy = s;
