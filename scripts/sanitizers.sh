@@ -24,6 +24,7 @@ TSAN_TARGETS=(
   //server/shm:shm_test
   //server/transport:inprocess_transport_test
   //server/transport:ucx_transport_test
+  //server/transport:comm_ids_test
   //server/cluster:plan_agreement_test
   //server/metrics:http_exposer_test
   //server/metrics:registry_test

@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     auto worker = transport::UcxWorker::Create(ucx_options);
     if (!worker.ok()) return worker.status();
     d->ucx_ = std::move(worker).value();
+    d->comm_ids_ = std::make_unique<transport::CommIdAllocator>();
     d->cluster_node_ = std::make_unique<cluster::Cluster>();
   }
   int threads = options.cpu_threads;
@@ -105,6 +106,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   runner.profile = options.profile;
   runner.cluster = d->cluster_node_.get();
   runner.ucx = d->ucx_.get();
+  runner.comm_ids = d->comm_ids_.get();
   std::vector<std::string> devices;
   for (int i = 0; i < options.cpu_devices; ++i) devices.push_back(absl::StrCat("cpu:", i));
   int plan_threads = options.plan_compile_threads;

@@ -22,6 +22,7 @@
 #include "server/cluster/cluster.h"
 #include "server/metrics/http_exposer.h"
 #include "server/shm/session_socket.h"
+#include "server/transport/comm_ids.h"
 #include "server/transport/ucx_worker.h"
 
 namespace hsap {
@@ -109,6 +110,7 @@ class Daemon {
 
   DaemonOptions options_;
   std::unique_ptr<transport::UcxWorker> ucx_;
+  std::unique_ptr<transport::CommIdAllocator> comm_ids_;  // the ids ucx_ receives calls on
   std::unique_ptr<cluster::Cluster> cluster_node_;
   std::thread cluster_start_;
   std::unique_ptr<DaemonState> state_;

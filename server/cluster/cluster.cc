@@ -454,10 +454,14 @@ grpc::Status Cluster::OnAgreePlan(const v1::AgreePlanRequest& request,
                                   v1::AgreePlanResponse* response) {
   absl::Status valid = ValidateCallRequest(request.node_rank(), request.group());
   if (valid.ok()) valid = ValidateCallFields(request.group(), &request.plan_key());
+  if (valid.ok()) valid = ValidateRecvCommId(request.recv_comm_id());
   if (!valid.ok()) return ToGrpc(valid);
   const CallKey call{request.group(), request.call_seq(), request.backward()};
-  const std::string mine = agreement_.OnRemote(call, request.node_rank(), request.plan_key());
+  uint32_t my_comm = 0;
+  const std::string mine = agreement_.OnRemote(call, request.node_rank(), request.plan_key(),
+                                               request.recv_comm_id(), &my_comm);
   response->set_agreed(mine == request.plan_key());
+  if (mine == request.plan_key()) response->set_recv_comm_id(my_comm);
   if (mine != request.plan_key()) response->set_plan_key(mine);
   return grpc::Status::OK;
 }
@@ -512,11 +516,18 @@ void Cluster::AbortCall(const std::string& group, uint64_t call_seq, const absl:
   }
 }
 
-absl::Status Cluster::AgreePlan(const CallKey& call, const std::string& plan_key,
-                                absl::Time deadline) {
-  HSAP_RETURN_IF_ERROR(agreement_.SetLocal(call, plan_key));
+void Cluster::EndCall(const std::string& group, uint64_t call_seq) {
+  agreement_.EndLocal(group, call_seq);
+}
+
+absl::StatusOr<std::vector<uint32_t>> Cluster::AgreePlan(const CallKey& call,
+                                                         const std::string& plan_key,
+                                                         uint32_t recv_comm, absl::Time deadline) {
+  HSAP_RETURN_IF_ERROR(ValidateRecvCommId(recv_comm));
+  HSAP_RETURN_IF_ERROR(agreement_.SetLocal(call, plan_key, recv_comm));
   std::vector<std::pair<int32_t, v1::Peer::Stub*>> pending;
   std::vector<uint64_t> incarnation;  // per node, when the agreement started
+  std::vector<uint32_t> recv_comm_of_node;
   v1::AgreePlanRequest request;
   absl::Duration rpc_timeout;
   {
@@ -526,6 +537,8 @@ absl::Status Cluster::AgreePlan(const CallKey& call, const std::string& plan_key
       if (p->stub != nullptr) pending.emplace_back(p->node, p->stub.get());
       incarnation.push_back(p->incarnation);
     }
+    recv_comm_of_node.assign(peers_.size(), 0);
+    recv_comm_of_node[options_.node_rank] = recv_comm;
     request.set_node_rank(options_.node_rank);
     rpc_timeout = options_.rpc_timeout;
   }
@@ -533,6 +546,7 @@ absl::Status Cluster::AgreePlan(const CallKey& call, const std::string& plan_key
   request.set_call_seq(call.call_seq);
   request.set_plan_key(plan_key);
   request.set_backward(call.backward);
+  request.set_recv_comm_id(recv_comm);
   while (!pending.empty()) {
     {
       absl::MutexLock lock(&mu_);
@@ -555,6 +569,13 @@ absl::Status Cluster::AgreePlan(const CallKey& call, const std::string& plan_key
       v1::AgreePlanResponse response;
       const grpc::Status s = it->second->AgreePlan(&context, request, &response);
       if (s.ok() && response.agreed()) {
+        const absl::Status comm = ValidateRecvCommId(response.recv_comm_id());
+        if (!comm.ok()) {
+          return absl::InternalError(absl::StrCat("plan agreement for group '", call.group,
+                                                  "' call_seq ", call.call_seq, ": node ",
+                                                  it->first, " answered ", comm.message()));
+        }
+        recv_comm_of_node[it->first] = response.recv_comm_id();
         it = pending.erase(it);
         continue;
       }
@@ -577,7 +598,7 @@ absl::Status Cluster::AgreePlan(const CallKey& call, const std::string& plan_key
     }
     absl::SleepFor(absl::Milliseconds(5));
   }
-  return absl::OkStatus();
+  return recv_comm_of_node;
 }
 
 }  // namespace hsap::cluster

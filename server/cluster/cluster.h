@@ -14,7 +14,10 @@
 //   });
 //   HSAP_RETURN_IF_ERROR(cluster.Start(options, ucx_worker.get()));
 //   ...
-//   HSAP_RETURN_IF_ERROR(cluster.AgreePlan({group, call_seq, backward}, key, deadline));
+//   HSAP_ASSIGN_OR_RETURN(std::vector<uint32_t> recv_comm_of_node,
+//       cluster.AgreePlan({group, call_seq, backward}, key, my_recv_comm, deadline));
+//   ... the call's UCX sends to node n carry recv_comm_of_node[n] ...
+//   cluster.EndCall(group, call_seq);  // when this node's ranks are done
 //
 // Membership: options.peers lists every node's host:port in node order
 // (this node's own entry included); options.node_rank says which is ours.
@@ -115,11 +118,20 @@ class Cluster {
   // Runs when a peer's AbortCall arrives (and for local AbortCall()).
   void AddCallAbortCallback(CallAbortCallback callback);
 
-  // States this node's plan key for `call` and waits until every other node
-  // stated the same key (OK), one stated another (FAILED_PRECONDITION naming
-  // both), the call was aborted (its status), or the deadline passed
-  // (DEADLINE_EXCEEDED naming the nodes that have not confirmed).
-  absl::Status AgreePlan(const CallKey& call, const std::string& plan_key, absl::Time deadline);
+  // States this node's plan key for `call`, and the UCX communicator id
+  // this node receives the call on (recv_comm < 1024, from its
+  // CommIdAllocator), and waits until every other node stated the same key.
+  // Returns the receive id of every node, by node index (this node's is
+  // recv_comm). Errors: a node stated another key (FAILED_PRECONDITION
+  // naming both), the call was aborted (its status), a node answered an id
+  // >= 1024 (INTERNAL naming it), or the deadline passed (DEADLINE_EXCEEDED
+  // naming the nodes that have not confirmed).
+  absl::StatusOr<std::vector<uint32_t>> AgreePlan(const CallKey& call, const std::string& plan_key,
+                                                  uint32_t recv_comm, absl::Time deadline);
+
+  // This node's ranks are done with group/call_seq (both directions): its
+  // agreement entry stays for peers that ask late (PlanAgreement::EndLocal).
+  void EndCall(const std::string& group, uint64_t call_seq);
 
   // Tells every peer (best effort, one RPC deadline) and the local
   // callbacks that `group`/`call_seq` failed with `reason`.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -90,7 +91,10 @@ class ClusterTest : public ::testing::Test {
     for (int i = 0; i < kNodes; ++i) {
       threads.emplace_back([&, i] {
         auto t = UcxTransport::Create(nodes_[i].worker.get(),
-                                      {.comm_id = comm, .rank = i, .node_of_rank = {0, 1, 2}});
+                                      {.recv_comm_id = comm,
+                                       .send_comm_of_node = {comm, comm, comm},
+                                       .rank = i,
+                                       .node_of_rank = {0, 1, 2}});
         if (!t.ok()) {
           results[i] = t.status();
           return;
@@ -165,9 +169,17 @@ TEST_F(ClusterTest, FormsAgreesLosesANodeAndReforms) {
     for (int i = 0; i < kNodes; ++i) {
       threads.emplace_back([&, i] {
         const absl::Time deadline = absl::Now() + absl::Seconds(5);
-        same[i] = nodes_[i].cluster->AgreePlan({"g", 1, false}, "plan-A", deadline);
-        differ[i] = nodes_[i].cluster->AgreePlan({"g", 2, false}, i == 1 ? "plan-B" : "plan-A",
-                                                 deadline);
+        // Each node receives on its own comm id; every node learns them all.
+        auto agreed = nodes_[i].cluster->AgreePlan({"g", 1, false}, "plan-A", 10 + i, deadline);
+        same[i] = agreed.status();
+        if (agreed.ok() && *agreed != std::vector<uint32_t>{10, 11, 12}) {
+          same[i] = absl::InternalError(
+              absl::StrCat("node ", i, " learnt comm ids ", absl::StrJoin(*agreed, ",")));
+        }
+        differ[i] = nodes_[i]
+                        .cluster
+                        ->AgreePlan({"g", 2, false}, i == 1 ? "plan-B" : "plan-A", 20 + i, deadline)
+                        .status();
       });
     }
     for (auto& t : threads) t.join();
@@ -179,8 +191,11 @@ TEST_F(ClusterTest, FormsAgreesLosesANodeAndReforms) {
   }
   // A missing node: the deadline names it.
   {
-    const absl::Status s = nodes_[0].cluster->AgreePlan({"g", 3, false}, "plan-A",
-                                                        absl::Now() + absl::Milliseconds(300));
+    const absl::Status s = nodes_[0]
+                               .cluster
+                               ->AgreePlan({"g", 3, false}, "plan-A", 5,
+                                           absl::Now() + absl::Milliseconds(300))
+                               .status();
     EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("not confirmed: 1, 2"));
   }
@@ -202,7 +217,7 @@ TEST_F(ClusterTest, FormsAgreesLosesANodeAndReforms) {
     };
     const Case cases[] = {{1, "g", "", "plan_key"},   {1, "", "k", "group"},
                           {0, "g", "k", "node_rank"}, {3, "g", "k", "node_rank"},
-                          {-1, "g", "k", "node_rank"}};
+                          {-1, "g", "k", "node_rank"}, {1, "g", "k", "recv_comm_id is 1024"}};
     const int aborts_before = nodes_[0].call_aborts;
     for (const Case& c : cases) {
       v1::AgreePlanRequest agree;
@@ -210,12 +225,14 @@ TEST_F(ClusterTest, FormsAgreesLosesANodeAndReforms) {
       agree.set_group(c.group);
       agree.set_call_seq(9);
       agree.set_plan_key(c.plan_key);
+      if (c.field == "recv_comm_id is 1024") agree.set_recv_comm_id(1024);
       v1::AgreePlanResponse agreed;
       grpc::ClientContext ctx1;
       const grpc::Status s1 = stub->AgreePlan(&ctx1, agree, &agreed);
       EXPECT_EQ(s1.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
       EXPECT_THAT(s1.error_message(), HasSubstr(c.field));
-      if (c.field == "plan_key") continue;  // AbortCall carries no plan key
+      // AbortCall carries no plan key or comm id.
+      if (c.field == "plan_key" || c.field == "recv_comm_id is 1024") continue;
       v1::AbortCallRequest abort;
       abort.set_node_rank(c.node_rank);
       abort.set_group(c.group);

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/transport/ucx_address.h"
+#include "server/transport/ucx_tag.h"
 
 namespace hsap::cluster {
 namespace {
@@ -104,6 +105,15 @@ absl::Status ValidateAbortFields(const v1::AbortCallRequest& r) {
   if (r.message().size() > kMaxPeerMessageBytes) {
     return Invalid("message", absl::StrCat("has ", r.message().size(), " bytes; at most ",
                                            kMaxPeerMessageBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRecvCommId(uint32_t recv_comm_id) {
+  static_assert(kMaxPeerCommIds == transport::ucx_tag::kMaxComms);
+  if (recv_comm_id >= kMaxPeerCommIds) {
+    return Invalid("recv_comm_id", absl::StrCat("is ", recv_comm_id, "; a UCX communicator id is < ",
+                                                kMaxPeerCommIds));
   }
   return absl::OkStatus();
 }

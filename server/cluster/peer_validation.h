@@ -23,6 +23,7 @@ inline constexpr size_t kMaxPeerVersionBytes = 128;
 inline constexpr size_t kMaxPeerGroupBytes = 128;     // call.group's bound
 inline constexpr size_t kMaxPeerPlanKeyBytes = 256;
 inline constexpr size_t kMaxPeerMessageBytes = 4096;
+inline constexpr uint32_t kMaxPeerCommIds = 1024;  // == transport::ucx_tag::kMaxComms
 
 // This node's view of the cluster.
 struct ClusterShape {
@@ -45,6 +46,9 @@ absl::Status ValidateJoinResponse(const v1::JoinResponse& response, int32_t node
 // code, message); `plan_key` is null for AbortCall.
 absl::Status ValidateCallFields(absl::string_view group, const std::string* plan_key);
 absl::Status ValidateAbortFields(const v1::AbortCallRequest& request);
+// AgreePlan's recv_comm_id (request and answer): a UCX communicator id,
+// < kMaxPeerCommIds (ucx_tag.h's 10 comm bits).
+absl::Status ValidateRecvCommId(uint32_t recv_comm_id);
 
 }  // namespace hsap::cluster
 

@@ -19,11 +19,15 @@ PlanAgreement::Entry& PlanAgreement::FindOrAdd(const CallKey& call) {
   return it->second;
 }
 
-absl::Status PlanAgreement::SetLocal(const CallKey& call, const std::string& key) {
+absl::Status PlanAgreement::SetLocal(const CallKey& call, const std::string& key,
+                                     uint32_t recv_comm) {
   absl::MutexLock lock(&mu_);
   Entry& entry = FindOrAdd(call);
   entry.local = key;
-  for (const auto& [node, theirs] : entry.seen) {
+  entry.local_comm = recv_comm;
+  entry.ended = false;
+  for (const auto& [node, statement] : entry.seen) {
+    const std::string& theirs = statement.key;
     if (theirs != key) {
       return absl::FailedPreconditionError(
           absl::StrCat("plan mismatch for group '", call.group, "' call_seq ", call.call_seq,
@@ -34,10 +38,26 @@ absl::Status PlanAgreement::SetLocal(const CallKey& call, const std::string& key
   return absl::OkStatus();
 }
 
-std::string PlanAgreement::OnRemote(const CallKey& call, int32_t node, const std::string& key) {
+void PlanAgreement::EndLocal(const std::string& group, uint64_t call_seq) {
+  absl::MutexLock lock(&mu_);
+  for (bool backward : {false, true}) {
+    auto it = calls_.find(CallKey{group, call_seq, backward});
+    if (it != calls_.end()) it->second.ended = true;
+  }
+}
+
+std::string PlanAgreement::OnRemote(const CallKey& call, int32_t node, const std::string& key,
+                                    uint32_t recv_comm, uint32_t* local_comm) {
   absl::MutexLock lock(&mu_);
   Entry& entry = FindOrAdd(call);
-  entry.seen[node] = key;
+  auto before = entry.seen.find(node);
+  if (entry.ended && before != entry.seen.end() && before->second.recv_comm != recv_comm) {
+    // The peer runs a new call under the same name (its old group was
+    // released): this entry, ours included, belongs to the old one.
+    entry = Entry{.order = entry.order};
+  }
+  entry.seen[node] = Statement{key, recv_comm};
+  if (local_comm != nullptr && !entry.local.empty()) *local_comm = entry.local_comm;
   return entry.local;
 }
 

@@ -10,31 +10,37 @@ namespace {
 
 // The transport endpoints of one call's local ranks.
 struct CallTransports : GroupResources {
+  // Multi-node calls: tells the cluster this node is done with the call,
+  // then (members, in reverse order) closes the endpoints and frees the
+  // receive comm id.
+  ~CallTransports() override {
+    if (cluster != nullptr) cluster->EndCall(group, call_seq);
+  }
+
   std::unique_ptr<transport::InProcessFabric> fabric;                // one-node groups
+  // Multi-node calls: the id this node receives the call on (comm_ids.h),
+  // held until the last local rank is done with the call.
+  transport::CommIdAllocator::Lease recv_comm;
   std::vector<std::unique_ptr<transport::UcxTransport>> ucx;          // by local index
   int32_t first_local_rank = 0;
   absl::Status setup;  // why the transports could not be made, if so
+  cluster::Cluster* cluster = nullptr;  // multi-node calls
+  std::string group;
+  uint64_t call_seq = 0;
 
-  transport::Transport* endpoint(int32_t rank) {
-    if (fabric != nullptr) return fabric->endpoint(rank);
+  transport::UcxTransport* ucx_endpoint(int32_t rank) {
     const int32_t i = rank - first_local_rank;
     return i >= 0 && i < static_cast<int32_t>(ucx.size()) ? ucx[i].get() : nullptr;
+  }
+  transport::Transport* endpoint(int32_t rank) {
+    if (fabric != nullptr) return fabric->endpoint(rank);
+    return ucx_endpoint(rank);
   }
   void Abort(const absl::Status& reason) {
     if (fabric != nullptr) fabric->AbortAll(reason);
     for (auto& t : ucx) t->Abort(reason);
   }
 };
-
-// FNV-1a over the group name and call_seq: the same on every node (unlike
-// absl::Hash, which is seeded per process).
-uint32_t StableCommId(const std::string& group, uint64_t call_seq) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](uint8_t byte) { h = (h ^ byte) * 1099511628211ull; };
-  for (char c : group) mix(static_cast<uint8_t>(c));
-  for (int i = 0; i < 8; ++i) mix(static_cast<uint8_t>(call_seq >> (8 * i)));
-  return static_cast<uint32_t>(h % 1024);
-}
 
 std::string CallName(const std::string& group, uint64_t call_seq) {
   return absl::StrCat(group, "/", call_seq);
@@ -85,14 +91,25 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
       } else {
         r->setup = fabric.status();
       }
-    } else if (options.ucx == nullptr) {
+    } else if (options.ucx == nullptr || options.comm_ids == nullptr) {
       r->setup = absl::FailedPreconditionError(
           "the group spans several nodes but this daemon has no UCX data plane (--peers)");
     } else {
-      // Equal on every node and different for consecutive calls of a group,
-      // so a failed call's stray messages can never match the next call's.
+      // This node's receive id, unique among the calls alive on its worker
+      // and fresh per call (a failed call's strays cannot match the next
+      // call's receives); the other nodes learn it in the plan agreement,
+      // and the sends get their ids from there (SetSendComms in Run).
+      auto recv_comm = options.comm_ids->Allocate();
+      if (!recv_comm.ok()) {
+        r->setup = recv_comm.status();
+        return r;
+      }
+      r->recv_comm = std::move(recv_comm).value();
+      r->cluster = options.cluster;
+      r->group = group;
+      r->call_seq = call_seq;
       transport::UcxTransportOptions o;
-      o.comm_id = StableCommId(group, call_seq);
+      o.recv_comm_id = r->recv_comm.id();
       for (int32_t rank = 0; rank < group_size; ++rank) {
         o.node_of_rank.push_back(rank / options.devices_per_node);
       }
@@ -153,9 +170,16 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
     if (options.cluster == nullptr) {
       return absl::FailedPreconditionError("the group spans several nodes but no cluster is set");
     }
-    absl::Status agreed =
+    auto recv_comm_of_node =
         options.cluster->AgreePlan({call.group, call.call_seq, call.backward}, outcome->plan_key,
-                                   deadline);
+                                   resources->recv_comm.id(), deadline);
+    absl::Status agreed = recv_comm_of_node.status();
+    transport::UcxTransport* ucx = resources->ucx_endpoint(call.rank);
+    if (agreed.ok() && ucx == nullptr) {
+      agreed = absl::InternalError(absl::StrCat("no UCX endpoint for rank ", call.rank));
+    }
+    // Each local rank's transport sends with the receiving nodes' ids.
+    if (agreed.ok()) agreed = ucx->SetSendComms(std::move(recv_comm_of_node).value());
     if (!agreed.ok()) {
       resources->Abort(agreed);
       return agreed;

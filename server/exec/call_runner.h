@@ -27,6 +27,7 @@
 #include "server/exec/device_slots.h"
 #include "server/exec/executor.h"
 #include "server/plan/plan_cache.h"
+#include "server/transport/comm_ids.h"
 #include "server/transport/ucx_worker.h"
 
 namespace hsap {
@@ -37,9 +38,12 @@ struct CallRunnerOptions {
   int32_t node_rank = 0;
   std::string profile = "cpu-loopback";  // DaemonOptions::profile (--profile)
   absl::Duration default_deadline = absl::Seconds(60);
-  // Set on a multi-node cluster (both outlive the runner).
+  // Set on a multi-node cluster (all three outlive the runner). comm_ids
+  // hands out the ids `ucx` receives multi-node calls on (one allocator per
+  // worker: ids are unique per receiving worker).
   cluster::Cluster* cluster = nullptr;
   transport::UcxWorker* ucx = nullptr;
+  transport::CommIdAllocator* comm_ids = nullptr;
 };
 
 // What one rank's call did, for its response.

@@ -5,8 +5,10 @@
 // its group, its sender, its receiver and its place among the messages of
 // the pair, so the tag cannot be carried verbatim. Instead:
 //
-//   bits 63..54  comm      (10)  the group's communicator id, unique among
-//                                the groups alive at once on the cluster
+//   bits 63..54  comm      (10)  the receiving node's communicator id for
+//                                the call, unique among the calls alive on
+//                                its worker (comm_ids.h); senders learn it
+//                                in the plan agreement
 //   bits 53..34  ordinal   (20)  the exchange's index on the endpoint
 //                                (the n-th Start() call), mod 2^20
 //   bits 33..30  tag check  (4)  a hash of Start's tag
@@ -18,10 +20,16 @@
 // The matching rule of transport.h (every rank calls Exchange for the same
 // tag sequence) makes the exchange ordinal equal on every rank for the same
 // tag, so (comm, ordinal, src, dst, k) identifies a message exactly among
-// 2^20 consecutive exchanges of a group — far more than can be in flight.
-// The only way two messages can share a UCP tag is a message that outlived
-// its exchange (its receive timed out) meeting the exchange 2^20 later with
-// the same pair and k, and then the tag check must agree too (1 in 16).
+// 2^20 consecutive exchanges of a call — far more than can be in flight.
+// Receives match on the receiving worker, whichever endpoint a message came
+// from, so the comm id only has to tell apart the calls alive on that one
+// worker, and the receiver's allocator guarantees it. The only ways two
+// messages can share a UCP tag are a message that outlived its exchange
+// (its receive timed out) meeting the exchange 2^20 later with the same
+// pair and k, and then the tag check must agree too (1 in 16); or a failed
+// call's stray message still in UCX's unexpected queue when its receiver's
+// id comes back, which first-in-first-out reuse delays for as long as
+// possible (1023 other calls on that worker).
 // The tag check also turns ranks that diverge from the tag sequence (a
 // bug) into a DEADLINE_EXCEEDED naming the peers instead of silently
 // swapped data, 15 times in 16. Receives use the full mask.

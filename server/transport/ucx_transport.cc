@@ -221,15 +221,53 @@ absl::Status UcxPendingExchange::Wait(absl::Time deadline) {
 }
 
 UcxTransport::UcxTransport(UcxWorker* worker, UcxTransportOptions options)
-    : worker_(worker), options_(std::move(options)) {}
+    : worker_(worker),
+      send_comm_of_node_(std::move(options.send_comm_of_node)),
+      options_(std::move(options)) {}
+
+absl::Status UcxTransport::ValidateSendComms(const UcxTransportOptions& options,
+                                             const std::vector<uint32_t>& send_comm_of_node) {
+  const int64_t nodes = static_cast<int64_t>(send_comm_of_node.size());
+  for (int64_t n = 0; n < nodes; ++n) {
+    if (send_comm_of_node[n] >= ucx_tag::kMaxComms) {
+      return absl::InvalidArgumentError(absl::StrCat("send_comm_of_node[", n, "] = ",
+                                                     send_comm_of_node[n], " must be < ",
+                                                     ucx_tag::kMaxComms));
+    }
+  }
+  for (size_t r = 0; r < options.node_of_rank.size(); ++r) {
+    if (options.node_of_rank[r] >= nodes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "send_comm_of_node has ", nodes, " entries but rank ", r, " lives on node ",
+          options.node_of_rank[r]));
+    }
+  }
+  const int32_t self = options.node_of_rank[options.rank];
+  if (send_comm_of_node[self] != options.recv_comm_id) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "send_comm_of_node[", self, "] = ", send_comm_of_node[self],
+        " is this rank's own node, whose receives use recv_comm_id ", options.recv_comm_id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UcxTransport::SetSendComms(std::vector<uint32_t> send_comm_of_node) {
+  if (next_ordinal_ > 0 || !send_comm_of_node_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank(), ": send comm ids must be set once, before the first exchange"));
+  }
+  HSAP_RETURN_IF_ERROR(ValidateSendComms(options_, send_comm_of_node));
+  send_comm_of_node_ = std::move(send_comm_of_node);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(UcxWorker* worker,
                                                                    UcxTransportOptions options) {
   const int64_t size = static_cast<int64_t>(options.node_of_rank.size());
   if (worker == nullptr) return absl::InvalidArgumentError("UcxTransport needs a UcxWorker");
-  if (options.comm_id >= ucx_tag::kMaxComms) {
-    return absl::InvalidArgumentError(absl::StrCat("comm_id ", options.comm_id, " must be < ",
-                                                   ucx_tag::kMaxComms));
+  if (options.recv_comm_id >= ucx_tag::kMaxComms) {
+    return absl::InvalidArgumentError(absl::StrCat("recv_comm_id ", options.recv_comm_id,
+                                                   " must be < ", ucx_tag::kMaxComms));
   }
   if (size < 1 || size > ucx_tag::kMaxRanks) {
     return absl::InvalidArgumentError(absl::StrCat("group size ", size, " must be in [1, ",
@@ -244,6 +282,9 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(UcxWorker* wo
       return absl::InvalidArgumentError(
           absl::StrCat("node_of_rank[", r, "] = ", options.node_of_rank[r], " is negative"));
     }
+  }
+  if (!options.send_comm_of_node.empty()) {
+    HSAP_RETURN_IF_ERROR(ValidateSendComms(options, options.send_comm_of_node));
   }
   return std::unique_ptr<UcxTransport>(new UcxTransport(worker, std::move(options)));
 }
@@ -282,6 +323,10 @@ absl::StatusOr<std::unique_ptr<PendingExchange>> UcxTransport::Start(
     uint64_t tag, absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs) {
   const uint64_t ordinal = next_ordinal_++;
   if (aborted_.load(std::memory_order_acquire)) return abort_status();
+  if (send_comm_of_node_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank(), ": the send comm ids of the call are not set (SetSendComms)"));
+  }
   const int32_t n = size();
   // k of each message: its index among the messages of its pair.
   absl::flat_hash_map<int32_t, int32_t> sends_to, recvs_from;
@@ -321,15 +366,16 @@ absl::StatusOr<std::unique_ptr<PendingExchange>> UcxTransport::Start(
   for (const RecvOp& r : recvs) {
     const int32_t k = recvs_from[r.peer]++;
     posted = pending->PostLocked(false, r.peer, r.data, r.bytes,
-                                 ucx_tag::Encode(options_.comm_id, ordinal, tag, r.peer, rank(), k));
+                                 ucx_tag::Encode(options_.recv_comm_id, ordinal, tag, r.peer, rank(), k));
     if (!posted.ok()) break;
   }
   sends_to.clear();
   for (size_t i = 0; posted.ok() && i < sends.size(); ++i) {
     const SendOp& s = sends[i];
     const int32_t k = sends_to[s.peer]++;
+    const uint32_t comm = send_comm_of_node_[NodeOf(s.peer)];  // the receiver's id
     posted = pending->PostLocked(true, s.peer, const_cast<void*>(s.data), s.bytes,
-                                 ucx_tag::Encode(options_.comm_id, ordinal, tag, rank(), s.peer, k));
+                                 ucx_tag::Encode(comm, ordinal, tag, rank(), s.peer, k));
   }
   if (!posted.ok()) {
     pending->CancelLocked();

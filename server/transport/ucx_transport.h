@@ -4,9 +4,11 @@
 //   // once per daemon:
 //   HSAP_ASSIGN_OR_RETURN(auto worker, UcxWorker::Create({}));
 //   ... exchange worker addresses, worker->Connect(node, address) ...
-//   // once per local rank of a group (ranks 2n and 2n+1 live on node n):
+//   // once per local rank of a group (ranks 2n and 2n+1 live on node n);
+//   // node 1 receives this call on comm id 3 and node 0 on 7 (comm_ids.h):
 //   HSAP_ASSIGN_OR_RETURN(auto t, UcxTransport::Create(worker.get(),
-//       {.comm_id = 3, .rank = 2, .node_of_rank = {0, 0, 1, 1}}));
+//       {.recv_comm_id = 3, .send_comm_of_node = {7, 3}, .rank = 2,
+//        .node_of_rank = {0, 0, 1, 1}}));
 //   HSAP_RETURN_IF_ERROR(t->Exchange(tag, sends, recvs, deadline));
 //
 // Every message, same-node ones included, goes through UCX: ranks of one
@@ -16,7 +18,11 @@
 // copy that an in-process memcpy would also pay.
 //
 // UCP tags: see ucx_tag.h (comm id, exchange ordinal, tag check, src, dst,
-// k; full-mask receives).
+// k; full-mask receives). Receives are posted on the worker and match a
+// message from any endpoint, so the comm id is the receiver's: each node
+// draws its own for the call, unique among the calls alive on its worker
+// (CommIdAllocator, comm_ids.h), and a send carries the id of the node it
+// goes to (send_comm_of_node, learnt from the plan agreement).
 //
 // Wait(deadline) progresses the shared worker (ucx_worker.h: waiting threads
 // drive progress) until every message of the exchange completed, or:
@@ -59,10 +65,15 @@
 namespace hsap::transport {
 
 struct UcxTransportOptions {
-  // The group's communicator id, < 1024, equal on every member and unique
-  // among the groups alive at once on the cluster (it keeps their messages
-  // apart on the shared workers).
-  uint32_t comm_id = 0;
+  // The communicator id this endpoint's receives match, < 1024: this node's
+  // id for the call, unique among the calls alive on this worker (a
+  // CommIdAllocator lease). It keeps the calls' messages apart on the worker.
+  uint32_t recv_comm_id = 0;
+  // send_comm_of_node[n]: the id node n receives this call on (its
+  // recv_comm_id), for every node of node_of_rank; the entry of this rank's
+  // node must equal recv_comm_id. Empty: SetSendComms() gives it before the
+  // first Start.
+  std::vector<uint32_t> send_comm_of_node;
   // This endpoint's rank in the group.
   int32_t rank = 0;
   // node_of_rank[r]: the node whose daemon hosts rank r (the UcxWorker
@@ -72,17 +83,27 @@ struct UcxTransportOptions {
 
 class UcxTransport final : public Transport {
  public:
-  // INVALID_ARGUMENT for a bad comm id, rank, group size or node.
+  // INVALID_ARGUMENT for a bad comm id (or send comm table, as
+  // SetSendComms), rank, group size or node.
   // REQUIRES: `worker` outlives the transport and its exchanges.
   static absl::StatusOr<std::unique_ptr<UcxTransport>> Create(UcxWorker* worker,
                                                               UcxTransportOptions options);
+
+  // Sets options.send_comm_of_node when Create had none (the ids are known
+  // once the plan agreement ran, after the transport was made).
+  // INVALID_ARGUMENT when an id is >= 1024, a node of node_of_rank has no
+  // entry, or this node's entry is not recv_comm_id; FAILED_PRECONDITION
+  // once Start has run or a table is already set. Called by the driving
+  // thread.
+  absl::Status SetSendComms(std::vector<uint32_t> send_comm_of_node);
 
   int32_t rank() const override { return options_.rank; }
   int32_t size() const override { return static_cast<int32_t>(options_.node_of_rank.size()); }
   Tier TierOf(int32_t peer) const override;
 
   // As Transport::Start. Also UNAVAILABLE / FAILED_PRECONDITION when a peer's
-  // node has a failed or no endpoint, INVALID_ARGUMENT for more than 63
+  // node has a failed or no endpoint, FAILED_PRECONDITION before the send
+  // comm ids are set, INVALID_ARGUMENT for more than 63
   // messages to or from one peer. Every call, failing or not, advances the
   // exchange ordinal (ucx_tag.h), so ranks stay aligned as long as each
   // calls Start the same number of times.
@@ -104,10 +125,16 @@ class UcxTransport final : public Transport {
   UcxTransport(UcxWorker* worker, UcxTransportOptions options);
   int32_t NodeOf(int32_t peer) const { return options_.node_of_rank[peer]; }
   void Count(bool send, int32_t peer, int64_t bytes);
+  // The checks of SetSendComms (and Create) on a table.
+  static absl::Status ValidateSendComms(const UcxTransportOptions& options,
+                                        const std::vector<uint32_t>& send_comm_of_node);
 
   UcxWorker* const worker_;
+  // Only the driving thread touches these two. Declared before options_,
+  // whose send_comm_of_node the constructor moves here.
+  std::vector<uint32_t> send_comm_of_node_;
+  uint64_t next_ordinal_ = 0;
   const UcxTransportOptions options_;
-  uint64_t next_ordinal_ = 0;  // only the driving thread touches it
 
   std::atomic<bool> aborted_{false};
   mutable absl::Mutex abort_mu_;

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -114,8 +115,8 @@ absl::Status ChildMain(const std::string& role, int fd, const std::string& tls) 
     std::vector<std::thread> threads;
     for (int local = 0; local < 2; ++local) {
       threads.emplace_back([&, local] {
-        auto t = UcxTransport::Create(worker->get(), {.comm_id = 7, .rank = 2 + local,
-                                                      .node_of_rank = nodes});
+        auto t = UcxTransport::Create(worker->get(), {.recv_comm_id = 7, .send_comm_of_node = {7, 7},
+                                                      .rank = 2 + local, .node_of_rank = nodes});
         results[local] = t.ok() ? RunAllToAll(t->get(), 4, deadline) : t.status();
         if (results[local].ok()) {
           const TransferCounters got = (*t)->counters();
@@ -143,7 +144,8 @@ absl::Status ChildMain(const std::string& role, int fd, const std::string& tls) 
     // Rank 1 of {node 0, node 1}: one good exchange, then it receives the
     // parent's message of the second exchange but never sends its own, and
     // waits to be killed.
-    auto t = UcxTransport::Create(worker->get(), {.comm_id = 9, .rank = 1, .node_of_rank = {0, 1}});
+    auto t = UcxTransport::Create(worker->get(), {.recv_comm_id = 9, .send_comm_of_node = {9, 9},
+                                                  .rank = 1, .node_of_rank = {0, 1}});
     if (!t.ok()) return t.status();
     std::vector<unsigned char> out(1 << 20), in(1 << 20);
     FillPattern(MessageSeed(0, 1, 0, 0), out.data(), out.size());
@@ -213,8 +215,13 @@ class UcxTransportTest : public ::testing::TestWithParam<const char*> {
   }
   std::unique_ptr<UcxTransport> MakeTransport(int node, int rank, std::vector<int32_t> nodes,
                                               uint32_t comm = 1) {
+    // Every node receives on `comm` (one group at a time on these workers).
+    const int32_t max_node = *std::max_element(nodes.begin(), nodes.end());
     auto t = UcxTransport::Create(workers_[node].get(),
-                                  {.comm_id = comm, .rank = rank, .node_of_rank = std::move(nodes)});
+                                  {.recv_comm_id = comm,
+                                   .send_comm_of_node = std::vector<uint32_t>(max_node + 1, comm),
+                                   .rank = rank,
+                                   .node_of_rank = std::move(nodes)});
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? std::move(*t) : nullptr;
   }
@@ -319,7 +326,8 @@ TEST_P(UcxTransportTest, AllToAllTwoProcesses) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      auto t = UcxTransport::Create(worker->get(), {.comm_id = 7, .rank = rank, .node_of_rank = nodes});
+      auto t = UcxTransport::Create(worker->get(), {.recv_comm_id = 7, .send_comm_of_node = {7, 7},
+                                                    .rank = rank, .node_of_rank = nodes});
       ASSERT_TRUE(t.ok());
       results[rank] = RunAllToAll(t->get(), 4, deadline);
       if (results[rank].ok()) {
@@ -358,7 +366,8 @@ TEST_P(UcxTransportTest, PeerKilledMidExchange) {
   ASSERT_TRUE(child_address.ok()) << child_address.status();
   ASSERT_TRUE((*worker)->Connect(0, (*worker)->Address()).ok());
   ASSERT_TRUE((*worker)->Connect(1, *child_address).ok());
-  auto t = UcxTransport::Create(worker->get(), {.comm_id = 9, .rank = 0, .node_of_rank = {0, 1}});
+  auto t = UcxTransport::Create(worker->get(), {.recv_comm_id = 9, .send_comm_of_node = {9, 9},
+                                                .rank = 0, .node_of_rank = {0, 1}});
   ASSERT_TRUE(t.ok());
 
   std::vector<unsigned char> out(1 << 20), in(1 << 20);
@@ -458,10 +467,10 @@ TEST_P(UcxTransportTest, InvalidArguments) {
   EXPECT_THAT(std::string(t0->Start(1, too_many, {}).status().message()),
               HasSubstr("more than 64 messages with peer 1"));
   EXPECT_TRUE(absl::IsInvalidArgument(
-      UcxTransport::Create(workers_[0].get(), {.comm_id = 1024, .rank = 0, .node_of_rank = {0}})
+      UcxTransport::Create(workers_[0].get(), {.recv_comm_id = 1024, .rank = 0, .node_of_rank = {0}})
           .status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
-      UcxTransport::Create(workers_[0].get(), {.comm_id = 1, .rank = 1, .node_of_rank = {0}})
+      UcxTransport::Create(workers_[0].get(), {.recv_comm_id = 1, .rank = 1, .node_of_rank = {0}})
           .status()));
   // A node with no endpoint: FAILED_PRECONDITION naming it.
   auto t = MakeTransport(0, 0, {0, 5});
@@ -469,6 +478,125 @@ TEST_P(UcxTransportTest, InvalidArguments) {
   const absl::Status s = t->Start(1, {&to_missing, 1}, {}).status();
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("node 5"));
+}
+
+// The send comm table: checked when set, needed before the first exchange,
+// set once.
+TEST_P(UcxTransportTest, SendCommTable) {
+  MakeTwoNodes();
+  auto make = [&](std::vector<uint32_t> table) {
+    return UcxTransport::Create(workers_[0].get(), {.recv_comm_id = 3,
+                                                    .send_comm_of_node = std::move(table),
+                                                    .rank = 0,
+                                                    .node_of_rank = {0, 1}});
+  };
+  EXPECT_THAT(std::string(make({3}).status().message()),
+              HasSubstr("send_comm_of_node has 1 entries but rank 1 lives on node 1"));
+  EXPECT_THAT(std::string(make({3, 1024}).status().message()),
+              HasSubstr("send_comm_of_node[1] = 1024 must be < 1024"));
+  EXPECT_THAT(std::string(make({4, 5}).status().message()),
+              HasSubstr("send_comm_of_node[0] = 4 is this rank's own node, whose receives use "
+                        "recv_comm_id 3"));
+  auto t = make({});
+  ASSERT_TRUE(t.ok()) << t.status();
+  const absl::Status early = (*t)->Start(1, {}, {}).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(early)) << early;
+  EXPECT_THAT(std::string(early.message()), HasSubstr("not set (SetSendComms)"));
+  auto u = make({});
+  ASSERT_TRUE(u.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument((*u)->SetSendComms({9, 5})));
+  EXPECT_TRUE((*u)->SetSendComms({3, 5}).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition((*u)->SetSendComms({3, 6})));
+  EXPECT_TRUE(absl::IsFailedPrecondition((*t)->SetSendComms({3, 5})));  // after a Start
+}
+
+// Two groups of ranks {0 on node 0, 1 on node 1} on the same two workers at
+// once, in lockstep (same exchange tags, same sizes, fresh ordinals), with
+// numerically swapped receive ids: group A receives on 3 at node 0 and 7 at
+// node 1, group B on 7 and 3. Each rank must get only its own group's bytes.
+// Had a sender encoded its own receive id instead of the receiver's, A's
+// messages to node 1 would carry 3, B's id there, and cross.
+TEST_P(UcxTransportTest, PerReceiverCommIdsKeepConcurrentGroupsApart) {
+  MakeTwoNodes();
+  const std::vector<uint32_t> recv_comm[2] = {{3, 7}, {7, 3}};  // [group][node]
+  constexpr int kStages = 6;
+  absl::Status results[2][2];
+  std::vector<std::thread> threads;
+  for (int group = 0; group < 2; ++group) {
+    for (int rank = 0; rank < 2; ++rank) {
+      threads.emplace_back([&, group, rank] {
+        auto t = UcxTransport::Create(workers_[rank].get(),
+                                      {.recv_comm_id = recv_comm[group][rank],
+                                       .send_comm_of_node = recv_comm[group],
+                                       .rank = rank,
+                                       .node_of_rank = {0, 1}});
+        if (!t.ok()) {
+          results[group][rank] = t.status();
+          return;
+        }
+        const absl::Time deadline = absl::Now() + absl::Seconds(20);
+        for (int stage = 0; stage < kStages && results[group][rank].ok(); ++stage) {
+          std::vector<std::vector<unsigned char>> out(2), in(2);
+          std::vector<SendOp> sends;
+          std::vector<RecvOp> recvs;
+          for (int p = 0; p < 2; ++p) {
+            // Equal sizes in both groups; the payload names the group.
+            out[p].resize(AllToAllBytes(stage, rank, p));
+            FillPattern(MessageSeed(stage + 1000 * group, rank, p, 0), out[p].data(),
+                        out[p].size());
+            in[p].resize(AllToAllBytes(stage, p, rank));
+            sends.push_back({p, out[p].data(), static_cast<int64_t>(out[p].size())});
+            recvs.push_back({p, in[p].data(), static_cast<int64_t>(in[p].size())});
+          }
+          absl::Status s = (*t)->Exchange(1000 + stage, sends, recvs, deadline);
+          for (int p = 0; p < 2 && s.ok(); ++p) {
+            s = CheckPattern(MessageSeed(stage + 1000 * group, p, rank, 0), in[p].data(),
+                             in[p].size());
+            if (!s.ok()) {
+              s = absl::InternalError(absl::StrCat("group ", group, " stage ", stage, " rank ",
+                                                   rank, " from ", p, ": ", s.message()));
+            }
+          }
+          results[group][rank] = s;
+        }
+      });
+    }
+  }
+  for (auto& th : threads) th.join();
+  for (int group = 0; group < 2; ++group) {
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_TRUE(results[group][rank].ok()) << "group " << group << " rank " << rank << ": "
+                                             << results[group][rank];
+    }
+  }
+}
+
+// The hazard the per-receiver ids remove, shown deterministically: two
+// groups that receive on the same id on one worker. Group B's rank 1 posts
+// its receive first; group A's rank 0 then sends to its own rank 1 with
+// that id, and B's receive takes A's bytes.
+TEST_P(UcxTransportTest, SameRecvCommOnOneWorkerCrosses) {
+  MakeTwoNodes();
+  auto a0 = MakeTransport(0, 0, {0, 1}, 5);
+  auto b1 = MakeTransport(1, 1, {0, 1}, 5);
+  ASSERT_TRUE(a0 != nullptr && b1 != nullptr);
+  std::vector<unsigned char> a_out(4096), b_in(4096);
+  FillPattern(MessageSeed(0, 0, 1, 0), a_out.data(), a_out.size());
+  RecvOp recv{0, b_in.data(), static_cast<int64_t>(b_in.size())};
+  SendOp send{1, a_out.data(), static_cast<int64_t>(a_out.size())};
+  auto b_pending = b1->Start(1, {}, {&recv, 1});
+  ASSERT_TRUE(b_pending.ok()) << b_pending.status();
+  auto a_pending = a0->Start(1, {&send, 1}, {});
+  ASSERT_TRUE(a_pending.ok()) << a_pending.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  // Each wait progresses its own worker (over tcp the send needs its own).
+  absl::Status a_done;
+  std::thread a_thread([&] { a_done = (*a_pending)->Wait(deadline); });
+  const absl::Status b_done = (*b_pending)->Wait(deadline);
+  a_thread.join();
+  ASSERT_TRUE(b_done.ok()) << b_done;
+  ASSERT_TRUE(a_done.ok()) << a_done;
+  EXPECT_EQ(b_in, a_out) << "group B's receive should have taken group A's message";
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values(kTcp, kSharedMemory),

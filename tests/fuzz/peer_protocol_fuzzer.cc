@@ -203,7 +203,8 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
       }
       const bool valid = r.node_rank() >= 1 && r.node_rank() <= 2 && !r.group().empty() &&
                          r.group().size() <= kMaxPeerGroupBytes && !r.plan_key().empty() &&
-                         r.plan_key().size() <= kMaxPeerPlanKeyBytes && Printable(r.plan_key());
+                         r.plan_key().size() <= kMaxPeerPlanKeyBytes && Printable(r.plan_key()) &&
+                         r.recv_comm_id() < kMaxPeerCommIds;
       FUZZ_CHECK(st.ok() == valid);
       if (!st.ok()) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
