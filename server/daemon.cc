@@ -139,8 +139,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   if (d->cluster_node_ != nullptr) {
     DaemonState* state = d->state_.get();
+    // A lost node ends the calls of the groups that include it, and no
+    // other group's (a one-node group here never waits for a peer).
     d->cluster_node_->AddNodeAbortCallback([state](int32_t node, const absl::Status& why) {
-      state->active.AbortAll(absl::Status(why.code(), absl::StrCat("node ", node, " lost: ", why.message())));
+      state->active.AbortWithNode(
+          node, absl::Status(why.code(), absl::StrCat("node ", node, " lost: ", why.message())));
     });
     d->cluster_node_->AddCallAbortCallback(
         [state](const std::string& group, uint64_t call_seq, const absl::Status& why) {

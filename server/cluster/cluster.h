@@ -10,7 +10,7 @@
 //   builder.RegisterService(cluster.service());
 //   server = builder.BuildAndStart();
 //   cluster.AddNodeAbortCallback([&](int32_t node, const absl::Status& why) {
-//     active_calls.AbortAll(why);              // calls in flight end UNAVAILABLE
+//     active_calls.AbortWithNode(node, why);   // its groups' calls end UNAVAILABLE
 //   });
 //   HSAP_RETURN_IF_ERROR(cluster.Start(options, ucx_worker.get()));
 //   ...

@@ -1,5 +1,8 @@
 #include "server/exec/call_runner.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "server/exec/call_plan.h"
 #include "server/transport/inprocess_transport.h"
@@ -23,6 +26,7 @@ struct CallTransports : GroupResources {
   transport::CommIdAllocator::Lease recv_comm;
   std::vector<std::unique_ptr<transport::UcxTransport>> ucx;          // by local index
   int32_t first_local_rank = 0;
+  std::vector<int32_t> nodes;  // the group's member nodes (its failure domain)
   absl::Status setup;  // why the transports could not be made, if so
   cluster::Cluster* cluster = nullptr;  // multi-node calls
   std::string group;
@@ -72,6 +76,18 @@ void ActiveCalls::AbortAll(const absl::Status& reason) {
   for (auto& [name, r] : calls_) static_cast<CallTransports*>(r.get())->Abort(reason);
 }
 
+int ActiveCalls::AbortWithNode(int32_t node, const absl::Status& reason) {
+  absl::MutexLock lock(&mu_);
+  int aborted = 0;
+  for (auto& [name, r] : calls_) {
+    auto* t = static_cast<CallTransports*>(r.get());
+    if (std::find(t->nodes.begin(), t->nodes.end(), node) == t->nodes.end()) continue;
+    t->Abort(reason);
+    ++aborted;
+  }
+  return aborted;
+}
+
 void ActiveCalls::Abort(const std::string& group, uint64_t call_seq, const absl::Status& reason) {
   absl::MutexLock lock(&mu_);
   auto it = calls_.find(CallName(group, call_seq));
@@ -85,6 +101,7 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
     if (!topology.ok()) {
       r->setup = topology.status();
     } else if (topology->num_nodes == 1) {
+      r->nodes = {options.node_rank};
       auto fabric = transport::InProcessFabric::Create(group_size, group_size);
       if (fabric.ok()) {
         r->fabric = std::move(fabric).value();
@@ -112,6 +129,9 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
       o.recv_comm_id = r->recv_comm.id();
       for (int32_t rank = 0; rank < group_size; ++rank) {
         o.node_of_rank.push_back(rank / options.devices_per_node);
+        if (r->nodes.empty() || r->nodes.back() != o.node_of_rank.back()) {
+          r->nodes.push_back(o.node_of_rank.back());
+        }
       }
       r->first_local_rank = options.node_rank * options.devices_per_node;
       for (int32_t i = 0; i < options.devices_per_node && r->setup.ok(); ++i) {

@@ -7,9 +7,11 @@
 //
 // Failure: a rank whose run fails aborts its call's transports at once (the
 // group's other local ranks stop waiting) and, on a cluster, tells the other
-// nodes (Cluster::AbortCall). A lost node aborts every call in flight
-// (ActiveCalls::AbortAll, from the cluster's node-abort callback), so no
-// rank waits for data that will not come.
+// nodes (Cluster::AbortCall). A lost node aborts the calls in flight whose
+// group includes it (ActiveCalls::AbortWithNode, from the cluster's
+// node-abort callback), so no rank waits for data that will not come, and
+// no other group's call is touched: a group's failure domain is its own
+// member nodes.
 #ifndef HSAP_SERVER_EXEC_CALL_RUNNER_H_
 #define HSAP_SERVER_EXEC_CALL_RUNNER_H_
 
@@ -62,6 +64,9 @@ class ActiveCalls {
   struct Entry;
   // Aborts every call in flight (and none started later) with `reason`.
   void AbortAll(const absl::Status& reason);
+  // Aborts the calls in flight whose group has a rank on node `node` (and
+  // none started later); returns how many.
+  int AbortWithNode(int32_t node, const absl::Status& reason);
   // Aborts one call, if it is in flight.
   void Abort(const std::string& group, uint64_t call_seq, const absl::Status& reason);
 

@@ -79,11 +79,32 @@ TEST(ClusterTest, KilledNodeAbortsCallsAndRejoins) {
   std::vector<absl::Status> statuses;
   spec.statuses = &statuses;
   auto running = std::async(std::launch::async, [&] { return RunGroup(big, spec); });
+  // Meanwhile a one-node group on node 0, in flight at the kill (several
+  // seconds of kernels here): node 1 is not in its failure domain, so it
+  // must finish OK (every call in flight was aborted before).
+  GroupSpec bystander;
+  bystander.group = "bystander";
+  bystander.nodes = 1;
+  bystander.devices_per_node = 2;
+  bystander.sockets = {(*cluster)->sockets()[0]};
+  bystander.strategy = hsap::v1::STRATEGY_SAP;
+  bystander.deadline_ms = 60000;
+  const GlobalProblem wide = MakeProblem({0, 8192}, false, 4, /*with_reference=*/false);
+  auto beside = std::async(std::launch::async, [&] { return RunGroup(wide, bystander); });
   absl::SleepFor(absl::Milliseconds(700));
   const absl::Time killed = absl::Now();
   (*cluster)->Kill(1);
   auto r = running.get();
   const absl::Duration took = absl::Now() - killed;
+  auto b = beside.get();
+  ASSERT_TRUE(b.ok()) << "a one-node group on the surviving node: " << b.status();
+  std::printf("killed node: the one-node group on node 0 ran its calls from %s before to %s "
+              "after the kill, OK\n",
+              absl::FormatDuration(killed - b->calls_begin).c_str(),
+              absl::FormatDuration(b->calls_end - killed).c_str());
+  ASSERT_LT(b->calls_begin, killed) << "the bystander's calls started after the kill";
+  ASSERT_GT(b->calls_end, killed) << "the bystander's calls ended before the kill: make them "
+                                     "longer, or this checks nothing";
   ASSERT_FALSE(r.ok());
   ASSERT_EQ(statuses.size(), 3u);
   // Ranks 0 and 1 live on the surviving node and wait in plan agreement

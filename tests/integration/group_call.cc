@@ -170,6 +170,8 @@ absl::StatusOr<GroupResult> RunGroup(const GlobalProblem& p, const GroupSpec& sp
   }
   out.forward_seconds = absl::ToDoubleSeconds(f1 - f0);
   out.backward_seconds = absl::ToDoubleSeconds(b1 - b0);
+  out.calls_begin = f0;
+  out.calls_end = b1;
   out.plan_key = rs[0].fwd.stats().plan_key();
   for (int32_t r = 0; r < ranks; ++r) {
     auto& buf = *rs[r].buf;

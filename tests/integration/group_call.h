@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "hsap/v1/common.pb.h"
 
 namespace hsap::testing {
@@ -41,6 +42,8 @@ struct GroupResult {
   // last rank's reply.
   double forward_seconds = 0;
   double backward_seconds = 0;
+  // The first rank's forward request and the last rank's backward reply.
+  absl::Time calls_begin, calls_end;
   double max_error = 0;              // over O, LSE, dQ, dK, dV vs the reference
 };
 
