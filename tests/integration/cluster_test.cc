@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/group_call.h"
 #include "tests/integration/local_cluster.h"
+#include "tests/sanitizers/sweep.h"
 
 namespace hsap::testing {
 namespace {
@@ -79,9 +80,10 @@ TEST(ClusterTest, KilledNodeAbortsCallsAndRejoins) {
   std::vector<absl::Status> statuses;
   spec.statuses = &statuses;
   auto running = std::async(std::launch::async, [&] { return RunGroup(big, spec); });
-  // Meanwhile a one-node group on node 0, in flight at the kill (several
-  // seconds of kernels here): node 1 is not in its failure domain, so it
-  // must finish OK (every call in flight was aborted before).
+  // Meanwhile a one-node group on node 0, in flight at the kill (seconds of
+  // kernels; fewer tokens under a sanitizer, whose kernels run 10-20x
+  // slower): node 1 is not in its failure domain, so it must finish OK
+  // (every call in flight was aborted before).
   GroupSpec bystander;
   bystander.group = "bystander";
   bystander.nodes = 1;
@@ -89,7 +91,8 @@ TEST(ClusterTest, KilledNodeAbortsCallsAndRejoins) {
   bystander.sockets = {(*cluster)->sockets()[0]};
   bystander.strategy = hsap::v1::STRATEGY_SAP;
   bystander.deadline_ms = 60000;
-  const GlobalProblem wide = MakeProblem({0, 8192}, false, 4, /*with_reference=*/false);
+  const GlobalProblem wide =
+      MakeProblem({0, sweep::kSanitized ? 3072 : 8192}, false, 4, /*with_reference=*/false);
   auto beside = std::async(std::launch::async, [&] { return RunGroup(wide, bystander); });
   absl::SleepFor(absl::Milliseconds(700));
   const absl::Time killed = absl::Now();

@@ -42,7 +42,11 @@ std::string CollidingName(const std::string& first) {
 
 TEST(CommSlotCollision, OldHashCollidingGroupsRunConcurrentlyWithoutCrossing) {
   auto cluster = LocalCluster::Start(
-      2, 2, {"--cpu_threads=1", "--ucx_transports=tcp", "--heartbeat_ms=100"});
+      // No node is lost here: liveness generous enough for a loaded,
+      // sanitized run (a missed 1 s heartbeat window under ASan on a busy
+      // machine marked a node DOWN and failed the calls).
+      2, 2,
+      {"--cpu_threads=1", "--ucx_transports=tcp", "--heartbeat_ms=100", "--peer_down_ms=10000"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitFormed(absl::Seconds(30)).ok());
   const std::vector<int64_t> structure = {0, 7, 200, 201, 520, 768};
