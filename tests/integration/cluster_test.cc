@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <future>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -84,12 +85,17 @@ TEST(ClusterTest, KilledNodeAbortsCallsAndRejoins) {
   // kernels; fewer tokens under a sanitizer, whose kernels run 10-20x
   // slower): node 1 is not in its failure domain, so it must finish OK
   // (every call in flight was aborted before).
-  GroupSpec bystander;
-  bystander.group = "bystander";
-  bystander.nodes = 1;
-  bystander.devices_per_node = 2;
-  bystander.sockets = {(*cluster)->sockets()[0]};
-  bystander.strategy = hsap::v1::STRATEGY_SAP;
+  // A two-rank sap group on node 0 alone.
+  auto node0_group = [&](const std::string& name) {
+    GroupSpec g;
+    g.group = name;
+    g.nodes = 1;
+    g.devices_per_node = 2;
+    g.sockets = {(*cluster)->sockets()[0]};
+    g.strategy = hsap::v1::STRATEGY_SAP;
+    return g;
+  };
+  GroupSpec bystander = node0_group("bystander");
   bystander.deadline_ms = 60000;
   const GlobalProblem wide =
       MakeProblem({0, sweep::kSanitized ? 3072 : 8192}, false, 4, /*with_reference=*/false);
@@ -128,12 +134,7 @@ TEST(ClusterTest, KilledNodeAbortsCallsAndRejoins) {
               absl::FormatDuration(took).c_str(), spec.deadline_ms);
 
   // The survivor keeps serving groups that do not need the dead node.
-  GroupSpec local;
-  local.group = "local";
-  local.nodes = 1;
-  local.devices_per_node = 2;
-  local.sockets = {(*cluster)->sockets()[0]};
-  local.strategy = hsap::v1::STRATEGY_SAP;
+  const GroupSpec local = node0_group("local");
   const GlobalProblem small = MakeProblem(Structure(), true, 5);
   auto ok = RunGroup(small, local);
   ASSERT_TRUE(ok.ok()) << ok.status();
