@@ -532,20 +532,9 @@ absl::StatusOr<std::vector<uint32_t>> Cluster::AgreePlan(const CallKey& call,
   HSAP_RETURN_IF_ERROR(ValidateRecvCommId(recv_comm));
   {
     absl::MutexLock lock(&mu_);
-    const int32_t n = static_cast<int32_t>(peers_.size());
-    for (int32_t m : members) {
-      if (m < 0 || m >= n) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "plan agreement for group '", call.group, "': member node ", m,
-            " is not a node of the ", n, "-node cluster"));
-      }
-    }
-    if (!members.empty() &&
-        std::find(members.begin(), members.end(), options_.node_rank) == members.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan agreement for group '", call.group, "': its members (", absl::StrJoin(members, ", "),
-          ") do not include this node (", options_.node_rank, ")"));
-    }
+    HSAP_RETURN_IF_ERROR(ValidateMemberNodes(call.group, members,
+                                             static_cast<int32_t>(peers_.size()),
+                                             options_.node_rank));
   }
   HSAP_RETURN_IF_ERROR(agreement_.SetLocal(call, plan_key, recv_comm));
   std::vector<std::pair<int32_t, v1::Peer::Stub*>> pending;

@@ -229,6 +229,14 @@ TEST_F(ClusterTest, FormsAgreesLosesANodeAndReforms) {
             .status();
     EXPECT_TRUE(absl::IsInvalidArgument(not_member)) << not_member;
     EXPECT_THAT(std::string(not_member.message()), HasSubstr("do not include this node (0)"));
+    const absl::Status outside =
+        nodes_[0]
+            .cluster->AgreePlan({"pair", 3, false}, "plan-P", 5, absl::Now() + absl::Seconds(1),
+                                {0, 5})
+            .status();
+    EXPECT_TRUE(absl::IsInvalidArgument(outside)) << outside;
+    EXPECT_THAT(std::string(outside.message()),
+                HasSubstr("member node 5 is not a node of the 3-node cluster"));
   }
   // AbortCall reaches the others' callbacks, and its own.
   nodes_[0].cluster->AbortCall("g", 4, absl::AbortedError("kernel failed"));
