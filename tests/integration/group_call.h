@@ -6,6 +6,7 @@
 #define HSAP_TESTS_INTEGRATION_GROUP_CALL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,8 @@ struct GroupSpec {
   // node_index = r / devices_per_node. Empty: the old rule (one node, or
   // the whole static cluster).
   std::vector<std::string> member_addresses;
+  // When set, edits each rank's CallId before its calls (fault tests).
+  std::function<void(int32_t rank, hsap::v1::CallId* id)> edit_call_id;
   hsap::v1::Strategy strategy = hsap::v1::STRATEGY_AUTO;
   hsap::v1::AssignmentPolicy assignment = hsap::v1::ASSIGNMENT_BALANCED;
   uint32_t deadline_ms = 0;

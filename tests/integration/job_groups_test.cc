@@ -4,7 +4,8 @@
 // same time and each equals its float64 reference; then node 0 is killed:
 // A's calls end UNAVAILABLE or ABORTED within 2x their deadline while B and
 // C keep succeeding (node 0 is outside their failure domain, and their plan
-// agreement never waits for it).
+// agreement never waits for it). Nodes whose ranks declare different
+// member lists fail the plan agreement.
 #include <atomic>
 #include <future>
 #include <thread>
@@ -176,6 +177,42 @@ TEST(JobGroupsTest, OverlappingDeclaredGroupsRunAtOnceAndFailApart) {
   }
   EXPECT_GE(runs_after(loop_b), 2);
   EXPECT_GE(runs_after(loop_c), 2);
+}
+
+// Ranks on different nodes that name different member lists never run:
+// each node's list is part of the key the members agree on.
+TEST(JobGroupsTest, NodesThatDeclareDifferentMembersFailAgreement) {
+  auto cluster = LocalCluster::Start(3, 1, kFlags);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitFormed(absl::Seconds(30)).ok());
+  LocalCluster& c = **cluster;
+  const GlobalProblem p = MakeProblem(Structure(), true, 21);
+  // Rank 1 calls node 2 and declares {0, 2}; rank 0 calls node 0 and
+  // declares {0, 1}. Each list passes its own daemon's checks.
+  GroupSpec spec = Declared(c, "split", {0, 2}, 1, hsap::v1::STRATEGY_SAP);
+  spec.deadline_ms = 2000;
+  const std::string node1 = absl::StrCat("127.0.0.1:", c.port(1));
+  spec.edit_call_id = [&](int32_t rank, hsap::v1::CallId* id) {
+    if (rank == 0) id->set_nodes(1, node1);
+  };
+  std::vector<absl::Status> statuses;
+  spec.statuses = &statuses;
+  const absl::Time start = absl::Now();
+  auto r = RunGroup(p, spec);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(r.ok());
+  ASSERT_EQ(statuses.size(), 2u);
+  // Node 2 asks node 0, which states another member list.
+  EXPECT_TRUE(absl::IsFailedPrecondition(statuses[1])) << statuses[1];
+  EXPECT_NE(statuses[1].message().find("plan mismatch"), std::string::npos) << statuses[1];
+  EXPECT_NE(statuses[1].message().find("nodes=0,2"), std::string::npos) << statuses[1];
+  EXPECT_NE(statuses[1].message().find("nodes=0,1"), std::string::npos) << statuses[1];
+  // Node 0 waits for node 1, which never hears of the call: the deadline.
+  EXPECT_TRUE(absl::IsDeadlineExceeded(statuses[0]) || absl::IsFailedPrecondition(statuses[0]))
+      << statuses[0];
+  EXPECT_LT(took, absl::Milliseconds(2 * spec.deadline_ms + 1000)) << took;
+  std::printf("different member lists: rank 0 %s, rank 1 %s\n", statuses[0].ToString().c_str(),
+              statuses[1].ToString().c_str());
 }
 
 }  // namespace
