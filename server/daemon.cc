@@ -129,6 +129,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     d->exposer_->RegisterCollectable(&d->state_->metrics_registry);
   }
   d->state_->limits.max_group_size = num_nodes * options.cpu_devices;
+  if (num_nodes > 1) {
+    d->state_->limits.peers = options.peers;
+    d->state_->limits.node_rank = options.node_rank;
+  }
+  d->state_->limits.device_slots = options.cpu_devices;
   if (options.tcp_port > 0 && options.tcp_token.empty()) {
     // Kept working for single-machine tests and trusted networks; see
     // docs/decisions.md ("TCP token").

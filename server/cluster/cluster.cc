@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -491,7 +492,8 @@ void Cluster::ApplyAbort(const v1::AbortCallRequest& request) {
   for (auto& cb : callbacks) cb(request.group(), request.call_seq(), reason);
 }
 
-void Cluster::AbortCall(const std::string& group, uint64_t call_seq, const absl::Status& reason) {
+void Cluster::AbortCall(const std::string& group, uint64_t call_seq, const absl::Status& reason,
+                        const std::vector<int32_t>& members) {
   v1::AbortCallRequest request;
   request.set_group(group);
   request.set_call_seq(call_seq);
@@ -504,6 +506,9 @@ void Cluster::AbortCall(const std::string& group, uint64_t call_seq, const absl:
     request.set_node_rank(options_.node_rank);
     rpc_timeout = options_.rpc_timeout;
     for (const auto& p : peers_) {
+      if (!members.empty() && std::find(members.begin(), members.end(), p->node) == members.end()) {
+        continue;
+      }
       if (p->stub != nullptr && p->state != NodeState::kDown) stubs.push_back(p->stub.get());
     }
   }
@@ -522,8 +527,15 @@ void Cluster::EndCall(const std::string& group, uint64_t call_seq) {
 
 absl::StatusOr<std::vector<uint32_t>> Cluster::AgreePlan(const CallKey& call,
                                                          const std::string& plan_key,
-                                                         uint32_t recv_comm, absl::Time deadline) {
+                                                         uint32_t recv_comm, absl::Time deadline,
+                                                         const std::vector<int32_t>& members) {
   HSAP_RETURN_IF_ERROR(ValidateRecvCommId(recv_comm));
+  {
+    absl::MutexLock lock(&mu_);
+    HSAP_RETURN_IF_ERROR(ValidateMemberNodes(call.group, members,
+                                             static_cast<int32_t>(peers_.size()),
+                                             options_.node_rank));
+  }
   HSAP_RETURN_IF_ERROR(agreement_.SetLocal(call, plan_key, recv_comm));
   std::vector<std::pair<int32_t, v1::Peer::Stub*>> pending;
   std::vector<uint64_t> incarnation;  // per node, when the agreement started
@@ -534,7 +546,9 @@ absl::StatusOr<std::vector<uint32_t>> Cluster::AgreePlan(const CallKey& call,
     absl::MutexLock lock(&mu_);
     if (!started_) return absl::FailedPreconditionError("the cluster has not started");
     for (const auto& p : peers_) {
-      if (p->stub != nullptr) pending.emplace_back(p->node, p->stub.get());
+      const bool member =
+          members.empty() || std::find(members.begin(), members.end(), p->node) != members.end();
+      if (member && p->stub != nullptr) pending.emplace_back(p->node, p->stub.get());
       incarnation.push_back(p->incarnation);
     }
     recv_comm_of_node.assign(peers_.size(), 0);

@@ -15,7 +15,8 @@
 //   HSAP_RETURN_IF_ERROR(cluster.Start(options, ucx_worker.get()));
 //   ...
 //   HSAP_ASSIGN_OR_RETURN(std::vector<uint32_t> recv_comm_of_node,
-//       cluster.AgreePlan({group, call_seq, backward}, key, my_recv_comm, deadline));
+//       cluster.AgreePlan({group, call_seq, backward}, key, my_recv_comm, deadline,
+//                         member_nodes));
 //   ... the call's UCX sends to node n carry recv_comm_of_node[n] ...
 //   cluster.EndCall(group, call_seq);  // when this node's ranks are done
 //
@@ -120,22 +121,29 @@ class Cluster {
 
   // States this node's plan key for `call`, and the UCX communicator id
   // this node receives the call on (recv_comm < 1024, from its
-  // CommIdAllocator), and waits until every other node stated the same key.
-  // Returns the receive id of every node, by node index (this node's is
-  // recv_comm). Errors: a node stated another key (FAILED_PRECONDITION
-  // naming both), the call was aborted (its status), a node answered an id
-  // >= 1024 (INTERNAL naming it), or the deadline passed (DEADLINE_EXCEEDED
-  // naming the nodes that have not confirmed).
+  // CommIdAllocator), and waits until every other node of `members` (the
+  // group's nodes, by static index; empty = every node of the cluster)
+  // stated the same key. Returns the receive id of every node, by static
+  // node index (this node's is recv_comm; 0 for nodes outside `members`).
+  // Errors: `members` does not hold this node or holds an index outside the
+  // cluster (INVALID_ARGUMENT), a member stated another key
+  // (FAILED_PRECONDITION naming both), the call was aborted (its status), a
+  // member is down or restarted (UNAVAILABLE), a member answered an id >=
+  // 1024 (INTERNAL naming it), or the deadline passed (DEADLINE_EXCEEDED
+  // naming the members that have not confirmed).
   absl::StatusOr<std::vector<uint32_t>> AgreePlan(const CallKey& call, const std::string& plan_key,
-                                                  uint32_t recv_comm, absl::Time deadline);
+                                                  uint32_t recv_comm, absl::Time deadline,
+                                                  const std::vector<int32_t>& members = {});
 
   // This node's ranks are done with group/call_seq (both directions): its
   // agreement entry stays for peers that ask late (PlanAgreement::EndLocal).
   void EndCall(const std::string& group, uint64_t call_seq);
 
-  // Tells every peer (best effort, one RPC deadline) and the local
-  // callbacks that `group`/`call_seq` failed with `reason`.
-  void AbortCall(const std::string& group, uint64_t call_seq, const absl::Status& reason);
+  // Tells the other nodes of `members` (static indices; empty = every
+  // peer), best effort with one RPC deadline, and the local callbacks that
+  // `group`/`call_seq` failed with `reason`.
+  void AbortCall(const std::string& group, uint64_t call_seq, const absl::Status& reason,
+                 const std::vector<int32_t>& members = {});
 
   std::vector<NodeStatus> NodeStates() const;
   // Every node UP (and its UCX endpoint connected when there is a worker).

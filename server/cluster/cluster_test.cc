@@ -199,11 +199,58 @@ TEST_F(ClusterTest, FormsAgreesLosesANodeAndReforms) {
     EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("not confirmed: 1, 2"));
   }
+  // A group on nodes {0, 1} agrees without node 2 (which is never asked),
+  // and waits only for its own members.
+  {
+    absl::StatusOr<std::vector<uint32_t>> agreed[2];
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        agreed[i] = nodes_[i].cluster->AgreePlan({"pair", 1, false}, "plan-P", 30 + i,
+                                                 absl::Now() + absl::Seconds(5), {0, 1});
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(agreed[i].ok()) << agreed[i].status();
+      EXPECT_EQ(*agreed[i], (std::vector<uint32_t>{30, 31, 0})) << "node " << i;
+    }
+    const absl::Status missing =
+        nodes_[0]
+            .cluster->AgreePlan({"pair", 2, false}, "plan-P", 5,
+                                absl::Now() + absl::Milliseconds(300), {0, 2})
+            .status();
+    EXPECT_TRUE(absl::IsDeadlineExceeded(missing)) << missing;
+    EXPECT_THAT(std::string(missing.message()), HasSubstr("not confirmed: 2"));
+    const absl::Status not_member =
+        nodes_[0]
+            .cluster->AgreePlan({"pair", 3, false}, "plan-P", 5, absl::Now() + absl::Seconds(1),
+                                {1, 2})
+            .status();
+    EXPECT_TRUE(absl::IsInvalidArgument(not_member)) << not_member;
+    EXPECT_THAT(std::string(not_member.message()), HasSubstr("do not include this node (0)"));
+    const absl::Status outside =
+        nodes_[0]
+            .cluster->AgreePlan({"pair", 3, false}, "plan-P", 5, absl::Now() + absl::Seconds(1),
+                                {0, 5})
+            .status();
+    EXPECT_TRUE(absl::IsInvalidArgument(outside)) << outside;
+    EXPECT_THAT(std::string(outside.message()),
+                HasSubstr("member node 5 is not a node of the 3-node cluster"));
+  }
   // AbortCall reaches the others' callbacks, and its own.
   nodes_[0].cluster->AbortCall("g", 4, absl::AbortedError("kernel failed"));
   EXPECT_TRUE(Eventually([&] { return nodes_[1].call_aborts > 0 && nodes_[2].call_aborts > 0; },
                          absl::Seconds(2)));
   EXPECT_GT(nodes_[0].call_aborts, 0);
+  // An abort of a group on nodes {0, 1} does not reach node 2.
+  {
+    const int before1 = nodes_[1].call_aborts, before2 = nodes_[2].call_aborts;
+    nodes_[0].cluster->AbortCall("pair", 9, absl::AbortedError("kernel failed"), {0, 1});
+    EXPECT_TRUE(Eventually([&] { return nodes_[1].call_aborts > before1; }, absl::Seconds(2)));
+    absl::SleepFor(absl::Milliseconds(200));
+    EXPECT_EQ(nodes_[2].call_aborts, before2);
+  }
 
   // Per-call peer requests with bad fields are refused, naming the field.
   {

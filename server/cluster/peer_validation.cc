@@ -1,6 +1,9 @@
 #include "server/cluster/peer_validation.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "server/transport/ucx_address.h"
 #include "server/transport/ucx_tag.h"
@@ -114,6 +117,23 @@ absl::Status ValidateRecvCommId(uint32_t recv_comm_id) {
   if (recv_comm_id >= kMaxPeerCommIds) {
     return Invalid("recv_comm_id", absl::StrCat("is ", recv_comm_id, "; a UCX communicator id is < ",
                                                 kMaxPeerCommIds));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMemberNodes(absl::string_view group, const std::vector<int32_t>& members,
+                                 int32_t num_nodes, int32_t self) {
+  for (int32_t m : members) {
+    if (m < 0 || m >= num_nodes) {
+      return absl::InvalidArgumentError(absl::StrCat("plan agreement for group '", group,
+                                                     "': member node ", m, " is not a node of the ",
+                                                     num_nodes, "-node cluster"));
+    }
+  }
+  if (!members.empty() && std::find(members.begin(), members.end(), self) == members.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan agreement for group '", group, "': its members (", absl::StrJoin(members, ", "),
+        ") do not include this node (", self, ")"));
   }
   return absl::OkStatus();
 }

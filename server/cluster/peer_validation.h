@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -49,6 +50,11 @@ absl::Status ValidateAbortFields(const v1::AbortCallRequest& request);
 // AgreePlan's recv_comm_id (request and answer): a UCX communicator id,
 // < kMaxPeerCommIds (ucx_tag.h's 10 comm bits).
 absl::Status ValidateRecvCommId(uint32_t recv_comm_id);
+// A call's member nodes (static indices, Cluster::AgreePlan): each in
+// [0, num_nodes) and `self` among them; empty (every node) is valid.
+// INVALID_ARGUMENT naming `group`, the index or the list otherwise.
+absl::Status ValidateMemberNodes(absl::string_view group, const std::vector<int32_t>& members,
+                                 int32_t num_nodes, int32_t self);
 
 }  // namespace hsap::cluster
 

@@ -31,6 +31,12 @@ struct BoundTensor {
 // accepts at most.
 struct ValidationLimits {
   int32_t max_group_size = 1;  // ranks this deployment can serve
+  // The static cluster (--peers, in node order; empty without one), this
+  // daemon's index in it and its device slots: what call.nodes is checked
+  // against.
+  std::vector<std::string> peers;
+  int32_t node_rank = 0;
+  int32_t device_slots = 1;
   int64_t max_tokens = int64_t{1} << 31;
   int64_t max_slices = 1 << 22;
   int max_heads = 1024;
@@ -46,6 +52,12 @@ struct AttentionCall {
   int32_t rank = 0;
   int32_t group_size = 1;
   uint64_t call_seq = 0;
+  // The member nodes the call declared (call.nodes): their addresses in
+  // group node order and their static cluster indices, and this rank's
+  // place; both empty when it declared none (GroupTopology's rule).
+  std::vector<std::string> member_addresses;
+  std::vector<int32_t> member_nodes;
+  int32_t node_index = 0;
   // Options.
   plan::Strategy strategy = plan::Strategy::kAuto;
   plan::AssignmentPolicy assignment = plan::AssignmentPolicy::kBalanced;

@@ -128,7 +128,17 @@ absl::StatusOr<std::shared_ptr<const MatchedCall>> CallMatcher::Arrive(const Cal
   if (call.expected == 0) {
     call.expected = static_cast<int32_t>(a.local_ranks.size());
     call.agreement_key = a.agreement_key;
+    call.members = a.members;
     call.first_rank = a.rank;
+  }
+  if (call.failure.ok() && call.members != a.members) {
+    auto list = [](const std::vector<std::string>& m) {
+      return absl::StrCat("[", absl::StrJoin(m, ", "), "]");
+    };
+    call.failure = absl::InvalidArgumentError(absl::StrCat(
+        "ranks of group '", a.group, "' disagree on call.nodes of call ", a.call_seq, ": rank ",
+        call.first_rank, " declared ", list(call.members), ", rank ", a.rank, " ",
+        list(a.members), " (every rank names the same nodes in the same order)"));
   }
   if (call.failure.ok() && call.agreement_key != a.agreement_key) {
     call.failure = absl::InvalidArgumentError(absl::StrCat(
@@ -142,7 +152,7 @@ absl::StatusOr<std::shared_ptr<const MatchedCall>> CallMatcher::Arrive(const Cal
     auto m = std::make_shared<MatchedCall>();
     m->group = a.group;
     m->call_seq = a.call_seq;
-    if (factory_) m->resources = factory_(a.group, a.group_size, a.call_seq);
+    if (factory_) m->resources = factory_(a);
     call.matched = std::move(m);
   }
   auto done = [&call, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -4,8 +4,9 @@
 // with the same status — never leaves one waiting:
 //  * DEADLINE_EXCEEDED when a rank does not arrive by the call's deadline,
 //    naming the missing ranks;
-//  * INVALID_ARGUMENT when ranks disagree on the call (group size, or the
-//    key of the plan they would run: mask, shapes, options);
+//  * INVALID_ARGUMENT when ranks disagree on the call (group size, the
+//    member nodes they declared, or the key of the plan they would run:
+//    mask, shapes, options);
 //  * FAILED_PRECONDITION when a rank replays or skips a call_seq (each
 //    rank's calls of a group are numbered k, k + 1, ...);
 //  * the abort status after Abort() (draining, a lost peer);
@@ -60,6 +61,13 @@ struct CallArrival {
   std::vector<int32_t> local_ranks;
   // Everything the ranks must agree on, e.g. the plan key in hex.
   std::string agreement_key;
+  // The member nodes the rank declared (CallId.nodes, addresses in group
+  // node order; empty when it declared none): local ranks that differ fail
+  // INVALID_ARGUMENT naming both lists.
+  std::vector<std::string> members;
+  // The static cluster indices of the group's nodes, in group node order
+  // (for the resource factory; derived from `members` or the old rule).
+  std::vector<int32_t> member_nodes;
   // When set, polled while the rank waits for its group (every
   // kCancelPoll): true means this rank's client gave up (a cancelled gRPC
   // call). The call then fails CANCELLED for every rank, like a deadline,
@@ -86,11 +94,11 @@ struct CallMatcherLimits {
 
 class CallMatcher {
  public:
-  using ResourceFactory =
-      std::function<std::shared_ptr<GroupResources>(const std::string& group, int32_t group_size,
-                                                    uint64_t call_seq)>;
+  using ResourceFactory = std::function<std::shared_ptr<GroupResources>(const CallArrival& last)>;
 
-  // `factory` (may be null) makes each matched call's resources.
+  // `factory` (may be null) makes each matched call's resources, from the
+  // arrival of the rank that completed the call (the ranks agree on
+  // everything but rank, session and cancelled).
   explicit CallMatcher(ResourceFactory factory = nullptr) : factory_(std::move(factory)) {}
   CallMatcher(const CallMatcher&) = delete;
   CallMatcher& operator=(const CallMatcher&) = delete;
@@ -117,6 +125,7 @@ class CallMatcher {
     int32_t expected = 0;
     std::vector<int32_t> arrived;
     std::string agreement_key;
+    std::vector<std::string> members;
     int32_t first_rank = 0;
     absl::Status failure;  // set when the call failed for everyone
     std::shared_ptr<MatchedCall> matched;  // set when complete

@@ -44,7 +44,7 @@ struct Counted : GroupResources {
 
 TEST(CallMatcherTest, AllRanksMatchAndShareTheCall) {
   std::atomic<int> made{0};
-  CallMatcher m([&](const std::string&, int32_t, uint64_t) {
+  CallMatcher m([&](const CallArrival&) {
     return std::make_shared<Counted>(&made);
   });
   for (uint64_t seq = 1; seq <= 3; ++seq) {
@@ -111,6 +111,23 @@ TEST(CallMatcherTest, DisagreementIsInvalidArgumentForAll) {
     EXPECT_EQ(x.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(x.status().message()), HasSubstr("disagree on call 1"));
   }
+}
+
+TEST(CallMatcherTest, MemberListDisagreementNamesBothLists) {
+  CallMatcher m;
+  std::vector<CallArrival> a = {Arrival(0, 1, "k", 2), Arrival(1, 1, "k", 2)};
+  a[0].members = {"h:1", "h:2"};
+  a[1].members = {"h:2", "h:1"};  // same nodes, another order: another group
+  for (auto& x : RunRanks(m, a, absl::Seconds(10))) {
+    EXPECT_EQ(x.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(x.status().message()), HasSubstr("disagree on call.nodes of call 1"));
+    EXPECT_THAT(std::string(x.status().message()), HasSubstr("[h:1, h:2]"));
+    EXPECT_THAT(std::string(x.status().message()), HasSubstr("[h:2, h:1]"));
+  }
+  // The same lists match.
+  a[1].members = a[0].members;
+  a[0].call_seq = a[1].call_seq = 2;
+  for (auto& x : RunRanks(m, a, absl::Seconds(10))) EXPECT_TRUE(x.ok()) << x.status();
 }
 
 TEST(CallMatcherTest, ReplayAndSkipAreFailedPrecondition) {

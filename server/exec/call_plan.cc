@@ -23,6 +23,35 @@ absl::StatusOr<plan::Topology> GroupTopology(int32_t group_size, int32_t num_nod
       " (", num_nodes, " node(s) x ", devices_per_node, " device slots)"));
 }
 
+absl::StatusOr<GroupLayout> LayoutForCall(const AttentionCall& call, int32_t num_nodes,
+                                          int32_t devices_per_node, int32_t node_rank) {
+  GroupLayout layout;
+  if (!call.member_nodes.empty()) {
+    const int32_t n = static_cast<int32_t>(call.member_nodes.size());
+    layout.topology.num_nodes = n;
+    layout.topology.devices_per_node = call.group_size / n;
+    layout.member_nodes = call.member_nodes;
+    layout.node_index = call.node_index;
+    return layout;
+  }
+  auto topology = GroupTopology(call.group_size, num_nodes, devices_per_node);
+  if (!topology.ok()) return topology.status();
+  layout.topology = *topology;
+  if (topology->num_nodes == 1) {
+    layout.member_nodes = {node_rank};
+    return layout;
+  }
+  if (call.rank / devices_per_node != node_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "call.rank is ", call.rank, " but this node (", node_rank, ") serves ranks [",
+        node_rank * devices_per_node, ", ", (node_rank + 1) * devices_per_node, ") of a ",
+        call.group_size, "-rank group"));
+  }
+  for (int32_t i = 0; i < num_nodes; ++i) layout.member_nodes.push_back(i);
+  layout.node_index = node_rank;
+  return layout;
+}
+
 plan::PlanSpec SpecForCall(const AttentionCall& call, const plan::Topology& topology,
                            const std::string& profile) {
   plan::PlanSpec spec;

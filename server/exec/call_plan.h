@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/exec/attention_call.h"
@@ -21,6 +22,26 @@ namespace hsap {
 // call.group_size) otherwise.
 absl::StatusOr<plan::Topology> GroupTopology(int32_t group_size, int32_t num_nodes,
                                             int32_t devices_per_node);
+
+// Where a call's group lives on the static cluster.
+struct GroupLayout {
+  // nodes x ranks per node, for planning (rank r is on group node r / rpn).
+  plan::Topology topology;
+  // Static cluster index of each group node, in group node order.
+  std::vector<int32_t> member_nodes;
+  // This daemon's group node; it serves ranks [node_index * rpn, + rpn).
+  int32_t node_index = 0;
+  int32_t first_local_rank() const { return node_index * topology.devices_per_node; }
+};
+
+// The layout of `call` on this daemon (node `node_rank` of a `num_nodes`
+// static cluster with `devices_per_node` slots): the declared member nodes
+// (call.member_nodes, already validated: ResolveCallNodes), or without
+// them GroupTopology's rule (one node, or every node of the cluster).
+// INVALID_ARGUMENT as GroupTopology, or naming call.rank when the old rule
+// puts the rank on another node.
+absl::StatusOr<GroupLayout> LayoutForCall(const AttentionCall& call, int32_t num_nodes,
+                                          int32_t devices_per_node, int32_t node_rank);
 
 plan::PlanSpec SpecForCall(const AttentionCall& call, const plan::Topology& topology,
                            const std::string& profile);

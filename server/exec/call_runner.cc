@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/exec/call_plan.h"
 #include "server/transport/inprocess_transport.h"
 #include "server/transport/ucx_transport.h"
@@ -95,13 +96,16 @@ void ActiveCalls::Abort(const std::string& group, uint64_t call_seq, const absl:
 }
 
 CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
-  return [options](const std::string& group, int32_t group_size, uint64_t call_seq) {
+  return [options](const CallArrival& a) {
     auto r = std::make_shared<CallTransports>();
-    auto topology = GroupTopology(group_size, options.num_nodes, options.devices_per_node);
-    if (!topology.ok()) {
-      r->setup = topology.status();
-    } else if (topology->num_nodes == 1) {
-      r->nodes = {options.node_rank};
+    const int32_t group_size = a.group_size;
+    const int32_t num_nodes = static_cast<int32_t>(a.member_nodes.size());
+    r->nodes = a.member_nodes;
+    if (num_nodes < 1 || group_size % num_nodes != 0 || a.local_ranks.empty()) {
+      r->setup = absl::InternalError(absl::StrCat("call ", a.call_seq, " of group '", a.group,
+                                                  "' has ", num_nodes, " member node(s) and ",
+                                                  a.local_ranks.size(), " local rank(s)"));
+    } else if (num_nodes == 1) {
       auto fabric = transport::InProcessFabric::Create(group_size, group_size);
       if (fabric.ok()) {
         r->fabric = std::move(fabric).value();
@@ -123,19 +127,20 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
       }
       r->recv_comm = std::move(recv_comm).value();
       r->cluster = options.cluster;
-      r->group = group;
-      r->call_seq = call_seq;
+      r->group = a.group;
+      r->call_seq = a.call_seq;
       transport::UcxTransportOptions o;
       o.recv_comm_id = r->recv_comm.id();
+      // Rank r is on group node r / rpn, whose UCX endpoint is that of its
+      // static cluster node.
+      const int32_t rpn = group_size / num_nodes;
       for (int32_t rank = 0; rank < group_size; ++rank) {
-        o.node_of_rank.push_back(rank / options.devices_per_node);
-        if (r->nodes.empty() || r->nodes.back() != o.node_of_rank.back()) {
-          r->nodes.push_back(o.node_of_rank.back());
-        }
+        o.node_of_rank.push_back(a.member_nodes[rank / rpn]);
       }
-      r->first_local_rank = options.node_rank * options.devices_per_node;
-      for (int32_t i = 0; i < options.devices_per_node && r->setup.ok(); ++i) {
-        o.rank = r->first_local_rank + i;
+      r->first_local_rank = a.local_ranks.front();
+      for (int32_t rank : a.local_ranks) {
+        if (!r->setup.ok()) break;
+        o.rank = rank;
         auto t = transport::UcxTransport::Create(options.ucx, o);
         if (t.ok()) {
           r->ucx.push_back(std::move(t).value());
@@ -148,18 +153,30 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
   };
 }
 
+namespace {
+
+// The key the member nodes agree on: the plan and the member list (nodes
+// that disagree on the members run different groups under one name), the
+// list hashed when it would not fit a peer request's key.
+std::string NodeAgreementKey(const std::string& plan_key, const std::vector<int32_t>& members) {
+  std::string list = absl::StrJoin(members, ",");
+  if (plan_key.size() + list.size() + 7 > 256) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : list) h = (h ^ c) * 1099511628211ull;
+    list = absl::StrCat("#", absl::Hex(h, absl::kZeroPad16));
+  }
+  return absl::StrCat(plan_key, "/nodes=", list);
+}
+
+}  // namespace
+
 absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
   const CallRunnerOptions& options = options_;
-  auto topology = GroupTopology(call.group_size, options.num_nodes, options.devices_per_node);
-  if (!topology.ok()) return topology.status();
+  auto layout =
+      LayoutForCall(call, options.num_nodes, options.devices_per_node, options.node_rank);
+  if (!layout.ok()) return layout.status();
+  const plan::Topology* topology = &layout->topology;
   const bool multi_node = topology->num_nodes > 1;
-  if (multi_node && call.rank / options.devices_per_node != options.node_rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "call.rank is ", call.rank, " but this node (", options.node_rank, ") serves ranks [",
-        options.node_rank * options.devices_per_node, ", ",
-        (options.node_rank + 1) * options.devices_per_node, ") of a ", call.group_size,
-        "-rank group"));
-  }
   auto plan = PlanForCall(call, *topology, options.profile, plans_, &outcome->plan_cache_hit);
   if (!plan.ok()) return plan.status();
   outcome->plan_key = (*plan)->key.ToHex();
@@ -171,10 +188,12 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
   arrival.group_size = call.group_size;
   arrival.rank = call.rank;
   arrival.call_seq = call.call_seq;
-  const int32_t first = multi_node ? options.node_rank * options.devices_per_node : 0;
-  const int32_t local = multi_node ? options.devices_per_node : call.group_size;
+  const int32_t first = layout->first_local_rank();
+  const int32_t local = topology->devices_per_node;
   for (int32_t r = first; r < first + local; ++r) arrival.local_ranks.push_back(r);
   arrival.agreement_key = absl::StrCat(outcome->plan_key, call.backward ? "/bwd" : "/fwd");
+  arrival.members = call.member_addresses;
+  arrival.member_nodes = layout->member_nodes;
   arrival.cancelled = call.cancelled;
   const absl::Duration budget =
       call.deadline_ms > 0 ? absl::Milliseconds(call.deadline_ms) : options.default_deadline;
@@ -191,8 +210,9 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
       return absl::FailedPreconditionError("the group spans several nodes but no cluster is set");
     }
     auto recv_comm_of_node =
-        options.cluster->AgreePlan({call.group, call.call_seq, call.backward}, outcome->plan_key,
-                                   resources->recv_comm.id(), deadline);
+        options.cluster->AgreePlan({call.group, call.call_seq, call.backward},
+                                   NodeAgreementKey(outcome->plan_key, layout->member_nodes),
+                                   resources->recv_comm.id(), deadline, layout->member_nodes);
     absl::Status agreed = recv_comm_of_node.status();
     transport::UcxTransport* ucx = resources->ucx_endpoint(call.rank);
     if (agreed.ok() && ucx == nullptr) {
@@ -235,7 +255,7 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
   if (!st.ok()) {
     // Take the call down everywhere at once rather than at the deadline.
     resources->Abort(st);
-    if (multi_node) options.cluster->AbortCall(call.group, call.call_seq, st);
+    if (multi_node) options.cluster->AbortCall(call.group, call.call_seq, st, layout->member_nodes);
   }
   return st;
 }

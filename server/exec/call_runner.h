@@ -1,9 +1,11 @@
-// Runs one rank's validated attention call end to end (CallRunner::Run): the group's topology,
-// the plan (cache or compile, checked against the rank's tensors), the
-// collective arrival of the group's local ranks (CallMatcher), agreement on
-// the plan key with the other nodes (multi-node groups), then the executor
-// over the call's transport: the in-process fabric when the group lives on
-// this node, UCX when it spans the cluster. One thread per rank.
+// Runs one rank's validated attention call end to end (CallRunner::Run): the group's layout
+// (LayoutForCall: its member nodes, declared in CallId.nodes or the whole
+// cluster, and its nodes x ranks-per-node topology), the plan (cache or
+// compile, checked against the rank's tensors), the collective arrival of
+// the group's local ranks (CallMatcher), agreement on the plan key and the
+// member list with the group's other nodes (multi-node groups), then the
+// executor over the call's transport: the in-process fabric when the group
+// lives on this node, UCX when it spans several. One thread per rank.
 //
 // Failure: a rank whose run fails aborts its call's transports at once (the
 // group's other local ranks stop waiting) and, on a cluster, tells the other

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "server/grpc/call_nodes.h"
 #include "server/plan/plan_proto.h"
 #include "server/plan/plan_spec.h"
 
@@ -257,6 +258,7 @@ absl::StatusOr<AttentionCall> ValidateCommon(const Request& r, uint64_t session,
   call.rank = r.call().rank();
   call.group_size = r.call().group_size();
   call.call_seq = r.call().call_seq();
+  HSAP_RETURN_IF_ERROR(ResolveCallNodes(r.call(), limits, &call));
   HSAP_RETURN_IF_ERROR(CheckOptions(r.options(), &call));
   HSAP_RETURN_IF_ERROR(ResolveMask(r.mask(), session, regions, limits, &call));
 

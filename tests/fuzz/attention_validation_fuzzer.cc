@@ -128,6 +128,12 @@ void BuildCommon(FuzzedDataProvider& in, Request* r) {
   call->set_group_size(in.ConsumeBool() ? 1 : static_cast<int32_t>(Value(in, 5, INT32_MAX)));
   call->set_rank(in.ConsumeBool() ? 0 : static_cast<int32_t>(Value(in, 5, INT32_MAX)));
   call->set_call_seq(in.ConsumeIntegralInRange<int>(0, 9) == 0 ? 0 : 1 + in.ConsumeIntegral<uint32_t>());
+  if (in.ConsumeBool()) {  // declared member nodes (some not in --peers, repeated)
+    static const char* const kAddresses[] = {"h:1", "h:2", "h:3", "other:9"};
+    const int n = in.ConsumeIntegralInRange<int>(0, 4);
+    for (int i = 0; i < n; ++i) call->add_nodes(kAddresses[in.ConsumeIntegralInRange<int>(0, 3)]);
+    call->set_node_index(in.ConsumeIntegralInRange<int32_t>(-1, 4));
+  }
 
   auto* o = r->mutable_options();
   switch (in.ConsumeIntegralInRange<int>(0, 7)) {
@@ -270,7 +276,7 @@ void CheckCall(const AttentionCall& call, const ValidationLimits& limits) {
   FUZZ_CHECK(call.local_tokens == t);
   FUZZ_CHECK(call.shape.num_heads_q >= 1 && call.shape.num_heads_q <= limits.max_heads);
   FUZZ_CHECK(call.shape.num_heads_kv >= 1 && call.shape.num_heads_q % call.shape.num_heads_kv == 0);
-  FUZZ_CHECK(call.shape.head_dim >= 32 && call.shape.head_dim <= 256);
+  FUZZ_CHECK(call.shape.head_dim >= 1 && call.shape.head_dim <= 256);  // q.shape[2]'s rule
   FUZZ_CHECK(std::isfinite(call.shape.softmax_scale) && call.shape.softmax_scale > 0);
   FUZZ_CHECK(call.total_tokens >= 0 && call.total_tokens <= limits.max_tokens);
   const absl::Status slices = ValidateSlices(call.slices, call.total_tokens, call.total_tokens);
@@ -280,12 +286,27 @@ void CheckCall(const AttentionCall& call, const ValidationLimits& limits) {
   FUZZ_CHECK(call.group_size >= 1 && call.group_size <= limits.max_group_size);
   FUZZ_CHECK(call.rank >= 0 && call.rank < call.group_size && call.call_seq > 0);
   FUZZ_CHECK(!call.group.empty() && call.group.size() <= 128);
+  if (!call.member_nodes.empty()) {
+    const int32_t n = static_cast<int32_t>(call.member_nodes.size());
+    FUZZ_CHECK(call.member_addresses.size() == call.member_nodes.size());
+    FUZZ_CHECK(n <= static_cast<int32_t>(limits.peers.size()) && call.group_size % n == 0);
+    const int32_t rpn = call.group_size / n;
+    FUZZ_CHECK(rpn <= limits.device_slots && call.node_index >= 0 && call.node_index < n);
+    FUZZ_CHECK(call.member_nodes[call.node_index] == limits.node_rank);
+    FUZZ_CHECK(call.rank / rpn == call.node_index);
+    for (int32_t i = 0; i < n; ++i) {
+      FUZZ_CHECK(limits.peers[call.member_nodes[i]] == call.member_addresses[i]);
+      for (int32_t j = 0; j < i; ++j) FUZZ_CHECK(call.member_nodes[i] != call.member_nodes[j]);
+    }
+  }
   for (const MaskSlice& s : call.slices) FUZZ_CHECK(SliceArea(s) >= 0);
 }
 
 void CheckStatus(const absl::Status& st) {
   FUZZ_CHECK(st.code() == absl::StatusCode::kInvalidArgument ||
              st.code() == absl::StatusCode::kNotFound ||
+             // call.nodes names a daemon outside --peers (call_nodes.h).
+             st.code() == absl::StatusCode::kFailedPrecondition ||
              st.code() == absl::StatusCode::kUnimplemented);
   FUZZ_CHECK(!st.message().empty());
 }
@@ -334,6 +355,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FuzzedDataProvider in(data + 1, size - 1);
   limits.max_group_size = in.ConsumeIntegralInRange<int32_t>(1, 4);
+  if (in.ConsumeBool()) {  // node node_rank of a 3-node static cluster
+    limits.peers = {"h:1", "h:2", "h:3"};
+    limits.node_rank = in.ConsumeIntegralInRange<int32_t>(0, 2);
+    limits.device_slots = in.ConsumeIntegralInRange<int32_t>(1, 4);
+  }
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
     limits.max_tokens = in.ConsumeIntegralInRange<int64_t>(0, 64);
     limits.max_slices = in.ConsumeIntegralInRange<int64_t>(0, 8);

@@ -50,7 +50,7 @@ METRICS=$(ls server/metrics/*.cc | grep -v _test.cc | grep -v hsap_metrics)
 
 declare -A SOURCES=(
   [mask_fuzzer]="$COMMON"
-  [attention_validation_fuzzer]="$COMMON $PROTO $SHM $PLAN common/thread_pool.cc server/grpc/attention_validation.cc"
+  [attention_validation_fuzzer]="$COMMON $PROTO $SHM $PLAN common/thread_pool.cc server/grpc/attention_validation.cc server/grpc/call_nodes.cc"
   [register_region_fuzzer]="$COMMON $PROTO $SHM"
   [plan_spec_fuzzer]="$COMMON $PROTO $PLAN"
   [plan_compiler_fuzzer]="$COMMON $PROTO $PLAN"

@@ -130,6 +130,9 @@ absl::StatusOr<GroupResult> RunGroup(const GlobalProblem& p, const GroupSpec& sp
       id.set_rank(r);
       id.set_group_size(ranks);
       id.set_call_seq(spec.first_call_seq);
+      for (const std::string& a : spec.member_addresses) id.add_nodes(a);
+      if (!spec.member_addresses.empty()) id.set_node_index(r / spec.devices_per_node);
+      if (spec.edit_call_id) spec.edit_call_id(r, &id);
       const auto fwd_request = rs[r].buf->ForwardRequest(id, mask, options);
       rs[r].fwd_start = absl::Now();
       auto f = rs[r].client->Forward(fwd_request);

@@ -6,6 +6,7 @@
 #define HSAP_TESTS_INTEGRATION_GROUP_CALL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,10 +50,20 @@ struct GroupResult {
 
 struct GroupSpec {
   std::string group;
+  // The group's topology: `nodes` x `devices_per_node` ranks.
   int32_t nodes = 1;
   int32_t devices_per_node = 1;
-  // sockets[n]: the gRPC socket of node n's daemon; rank r uses node r / devices_per_node.
+  // sockets[n]: the gRPC socket of the daemon of the group's node n; rank r
+  // uses node r / devices_per_node.
   std::vector<std::string> sockets;
+  // When set (one per group node), the calls declare their member nodes:
+  // CallId.nodes = member_addresses (the daemons' --peers entries, e.g.
+  // "127.0.0.1:<port>", of the same daemons as `sockets`) and
+  // node_index = r / devices_per_node. Empty: the old rule (one node, or
+  // the whole static cluster).
+  std::vector<std::string> member_addresses;
+  // When set, edits each rank's CallId before its calls (fault tests).
+  std::function<void(int32_t rank, hsap::v1::CallId* id)> edit_call_id;
   hsap::v1::Strategy strategy = hsap::v1::STRATEGY_AUTO;
   hsap::v1::AssignmentPolicy assignment = hsap::v1::ASSIGNMENT_BALANCED;
   uint32_t deadline_ms = 0;

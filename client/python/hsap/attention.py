@@ -155,7 +155,9 @@ class _Call:
 
     def call_id(self, call_seq):
         return common_pb2.CallId(group=self.group.name, rank=self.group.rank,
-                                 group_size=self.group.size, call_seq=call_seq)
+                                 group_size=self.group.size, call_seq=call_seq,
+                                 nodes=self.group.nodes or (),
+                                 node_index=self.group.node_index)
 
 
 def _numel(shape):

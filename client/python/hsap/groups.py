@@ -34,10 +34,20 @@ class Group:
     assignment: token layout of the ranks, "balanced" (default), "contiguous"
       or "zigzag"; the same as given to hsap.dispatch.
     deadline_ms: every call must complete within this (0: the daemon's).
+    nodes: the group's member daemons, by their TCP addresses exactly as in
+      their --peers ("host:port"), in group node order; every rank passes
+      the same list. The group then has size // len(nodes) ranks on each
+      node (it must divide), numbered node-major: rank = node_index *
+      ranks_per_node + local rank, and this rank's client must be the daemon
+      nodes[node_index]. None (default): the group lives on one daemon
+      (size <= its device slots) or spans its whole static cluster.
+    node_index: this rank's node in `nodes` (default rank // ranks_per_node,
+      the only value the daemon accepts).
     Thread-safe.
     """
 
-    def __init__(self, name, rank, size, client=None, assignment="balanced", deadline_ms=0):
+    def __init__(self, name, rank, size, client=None, assignment="balanced", deadline_ms=0,
+                 nodes=None, node_index=None):
         if not isinstance(name, str) or not 1 <= len(name.encode()) <= 128:
             raise InvalidInputError(f"group name {name!r} must be a string of 1 to 128 bytes")
         if not isinstance(size, int) or size < 1:
@@ -47,6 +57,7 @@ class Group:
         if assignment not in _ASSIGNMENTS:
             raise InvalidInputError(
                 f"unknown assignment {assignment!r}; it must be one of {', '.join(_ASSIGNMENTS)}")
+        self.nodes, self.node_index = _check_nodes(nodes, node_index, rank, size)
         self.name = name
         self.rank = rank
         self.size = size
@@ -57,6 +68,12 @@ class Group:
         self.failed = None  # the HsapError that ended the group, if any
         self._last_seq = 0
         self._lock = threading.Lock()
+
+    @property
+    def num_nodes(self):
+        """The group's nodes (1 when it declared none; then it may still span
+        the daemon's static cluster): hsap.dispatch's `nodes`."""
+        return len(self.nodes) if self.nodes else 1
 
     @property
     def call_seq(self):
@@ -79,4 +96,34 @@ class Group:
                 raise
 
     def __repr__(self):
-        return f"Group({self.name!r}, rank={self.rank}, size={self.size}, call_seq={self._last_seq})"
+        where = f", nodes={self.nodes}, node_index={self.node_index}" if self.nodes else ""
+        return (f"Group({self.name!r}, rank={self.rank}, size={self.size}{where}, "
+                f"call_seq={self._last_seq})")
+
+
+def _check_nodes(nodes, node_index, rank, size):
+    """(nodes tuple or None, node_index) of a Group, checked as the daemon
+    would (it also checks them against its --peers)."""
+    if nodes is None:
+        if node_index not in (None, 0):
+            raise InvalidInputError(f"node_index is {node_index!r} but nodes is None")
+        return None, 0
+    if isinstance(nodes, str) or not all(isinstance(n, str) and n for n in nodes):
+        raise InvalidInputError(f"nodes is {nodes!r}; it must be a list of 'host:port' strings")
+    nodes = tuple(nodes)
+    if not nodes:
+        raise InvalidInputError("nodes is empty; give None for a group without a node list")
+    for i, n in enumerate(nodes):
+        if n in nodes[:i]:
+            raise InvalidInputError(f"nodes[{i}] {n!r} is the same node as nodes"
+                                    f"[{nodes.index(n)}]; each node appears once")
+    if size % len(nodes) != 0:
+        raise InvalidInputError(f"group size {size} is not a multiple of len(nodes) = "
+                                f"{len(nodes)}: every node holds the same number of ranks")
+    per_node = size // len(nodes)
+    if node_index is None:
+        node_index = rank // per_node
+    if not isinstance(node_index, int) or node_index != rank // per_node:
+        raise InvalidInputError(f"node_index is {node_index!r} but rank {rank} with {per_node} "
+                                f"rank(s) per node is on node {rank // per_node}")
+    return nodes, node_index

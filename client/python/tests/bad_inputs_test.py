@@ -112,6 +112,32 @@ class BadInputsTest(DaemonTestCase):
             hsap.dispatch([0, 64], 4, 4, 2, 32, strategy="teleport", client=self.client)
         self.assertIn("unknown strategy 'teleport'", str(ctx.exception))
 
+    def test_group_node_lists(self):
+        # The old constructor still works and declares no nodes.
+        plain = hsap.Group("plain", 1, 2)
+        self.assertIsNone(plain.nodes)
+        self.assertEqual((plain.node_index, plain.num_nodes), (0, 1))
+        g = hsap.Group("declared", 3, 4, nodes=["h:1", "h:2"])
+        self.assertEqual((g.nodes, g.node_index, g.num_nodes), (("h:1", "h:2"), 1, 2))
+        for kwargs, piece in [
+                (dict(rank=0, size=4, nodes=["h:1", "h:1"]), "nodes[1] 'h:1' is the same node"),
+                (dict(rank=0, size=3, nodes=["h:1", "h:2"]), "group size 3 is not a multiple"),
+                (dict(rank=3, size=4, nodes=["h:1", "h:2"], node_index=0),
+                 "node_index is 0 but rank 3 with 2 rank(s) per node is on node 1"),
+                (dict(rank=0, size=2, nodes="h:1"), "nodes is 'h:1'"),
+                (dict(rank=0, size=2, nodes=[]), "nodes is empty"),
+                (dict(rank=0, size=2, node_index=1), "node_index is 1 but nodes is None")]:
+            with self.assertRaises(hsap.InvalidInputError) as ctx:
+                hsap.Group("g", **kwargs)
+            self.assertIn(piece, str(ctx.exception))
+        # The list reaches the daemon, which checks it: this one has no --peers.
+        group = hsap.Group("declared-alone", 0, 1, client=self.client, nodes=["127.0.0.1:1"])
+        with self.assertRaises(hsap.HsapError) as ctx:
+            self.call(group=group)
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("call.nodes names 1 node(s) but this daemon was started without --peers",
+                      ctx.exception.message)
+
     def test_rejected_calls_leave_the_session_usable(self):
         for _ in range(3):
             with self.assertRaises(hsap.InvalidInputError):

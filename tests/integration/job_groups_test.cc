@@ -1,0 +1,219 @@
+// Groups declared by their members (CallId.nodes / node_index) on a 3-node
+// static cluster (2 CPU device slots each): group A on nodes {0, 1} with 2
+// ranks per node, B on nodes {1, 2} with 1, C on node {2} alone run at the
+// same time and each equals its float64 reference; then node 0 is killed:
+// A's calls end UNAVAILABLE or ABORTED within 2x their deadline while B and
+// C keep succeeding (node 0 is outside their failure domain, and their plan
+// agreement never waits for it). Nodes whose ranks declare different
+// member lists fail the plan agreement.
+#include <atomic>
+#include <future>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "tests/integration/group_call.h"
+#include "tests/integration/local_cluster.h"
+
+namespace hsap::testing {
+namespace {
+
+const std::vector<std::string> kFlags = {"--cpu_threads=1", "--ucx_transports=tcp",
+                                         "--heartbeat_ms=100", "--peer_down_ms=800"};
+
+std::vector<int64_t> Structure() { return {0, 5, 5, 90, 91, 150, 301}; }
+
+// A group on `nodes` (static indices) with `rpn` ranks on each.
+GroupSpec Declared(LocalCluster& cluster, const std::string& name, std::vector<int> nodes,
+                   int32_t rpn, hsap::v1::Strategy strategy) {
+  GroupSpec spec;
+  spec.group = name;
+  spec.nodes = static_cast<int32_t>(nodes.size());
+  spec.devices_per_node = rpn;
+  const std::vector<std::string> sockets = cluster.sockets();
+  for (int n : nodes) {
+    spec.sockets.push_back(sockets[n]);
+    spec.member_addresses.push_back(absl::StrCat("127.0.0.1:", cluster.port(n)));
+  }
+  spec.strategy = strategy;
+  spec.deadline_ms = 20000;
+  return spec;
+}
+
+struct GroupShape {
+  const char* name;
+  std::vector<int> nodes;
+  int32_t rpn;
+};
+
+const GroupShape kA{"A", {0, 1}, 2}, kB{"B", {1, 2}, 1}, kC{"C", {2}, 2};
+
+// Runs `shape` again and again under fresh names until `stop`, recording
+// each run's outcome.
+struct Loop {
+  absl::Mutex mu;
+  std::vector<absl::Status> statuses;
+  std::vector<double> errors;
+  std::vector<absl::Time> begins;
+};
+
+void RunLoop(LocalCluster& cluster, const GroupShape& shape, const GlobalProblem& p,
+             std::atomic<bool>* stop, Loop* out) {
+  for (int i = 0; !stop->load(); ++i) {
+    GroupSpec spec = Declared(cluster, absl::StrCat(shape.name, "-loop-", i), shape.nodes,
+                              shape.rpn, hsap::v1::STRATEGY_SAP);
+    const absl::Time begin = absl::Now();
+    auto r = RunGroup(p, spec);
+    absl::MutexLock lock(&out->mu);
+    out->statuses.push_back(r.status());
+    out->errors.push_back(r.ok() ? r->max_error : INFINITY);
+    out->begins.push_back(begin);
+  }
+}
+
+TEST(JobGroupsTest, OverlappingDeclaredGroupsRunAtOnceAndFailApart) {
+  auto cluster = LocalCluster::Start(3, 2, kFlags);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitFormed(absl::Seconds(30)).ok());
+  LocalCluster& c = **cluster;
+  const GlobalProblem pa = MakeProblem(Structure(), true, 11);
+  const GlobalProblem pb = MakeProblem(Structure(), true, 12);
+  const GlobalProblem pc = MakeProblem(Structure(), true, 13);
+
+  for (auto strategy : {hsap::v1::STRATEGY_SAP, hsap::v1::STRATEGY_HSAP, hsap::v1::STRATEGY_USP,
+                        hsap::v1::STRATEGY_RING, hsap::v1::STRATEGY_AUTO}) {
+    const std::string s = hsap::v1::Strategy_Name(strategy);
+    SCOPED_TRACE(s);
+    auto a = std::async(std::launch::async, [&] {
+      return RunGroup(pa, Declared(c, "A-" + s, kA.nodes, kA.rpn, strategy));
+    });
+    auto b = std::async(std::launch::async, [&] {
+      return RunGroup(pb, Declared(c, "B-" + s, kB.nodes, kB.rpn, strategy));
+    });
+    auto g = std::async(std::launch::async, [&] {
+      return RunGroup(pc, Declared(c, "C-" + s, kC.nodes, kC.rpn, strategy));
+    });
+    auto ra = a.get(), rb = b.get(), rc = g.get();
+    ASSERT_TRUE(ra.ok()) << "A: " << ra.status();
+    ASSERT_TRUE(rb.ok()) << "B: " << rb.status();
+    ASSERT_TRUE(rc.ok()) << "C: " << rc.status();
+    EXPECT_LE(ra->max_error, 1e-5);
+    EXPECT_LE(rb->max_error, 1e-5);
+    EXPECT_LE(rc->max_error, 1e-5);
+    ASSERT_EQ(ra->strategies_run.size(), 4u);
+    ASSERT_EQ(rb->strategies_run.size(), 2u);
+    ASSERT_EQ(rc->strategies_run.size(), 2u);
+    if (strategy != hsap::v1::STRATEGY_AUTO) {
+      EXPECT_EQ(ra->strategies_run[0], strategy);
+      EXPECT_EQ(rb->strategies_run[0], strategy);
+    }
+    // B's ranks are on two nodes: each one moved bytes to the other.
+    EXPECT_GT(rb->bytes_received[0], 0u);
+    EXPECT_GT(rb->bytes_received[1], 0u);
+    std::printf("%s: A 2x2 on {0,1} %.3g, B 2x1 on {1,2} %.3g, C 1x2 on {2} %.3g (max rel error)\n",
+                s.c_str(), ra->max_error, rb->max_error, rc->max_error);
+  }
+
+  // Node 0 dies while A is in flight (rank 1, on node 0, never submits, so
+  // A cannot finish before the kill: ranks 2 and 3 wait on node 1 in the
+  // plan agreement with node 0), and while B and C run in loops.
+  GroupSpec doomed = Declared(c, "A-doomed", kA.nodes, kA.rpn, hsap::v1::STRATEGY_SAP);
+  doomed.deadline_ms = 10000;
+  doomed.missing_rank = 1;
+  std::vector<absl::Status> statuses;
+  doomed.statuses = &statuses;
+  std::atomic<bool> stop{false};
+  Loop loop_b, loop_c;
+  std::thread tb([&] { RunLoop(c, kB, pb, &stop, &loop_b); });
+  std::thread tc([&] { RunLoop(c, kC, pc, &stop, &loop_c); });
+  auto a = std::async(std::launch::async, [&] { return RunGroup(pa, doomed); });
+  absl::SleepFor(absl::Milliseconds(1500));
+  const absl::Time killed = absl::Now();
+  c.Kill(0);
+  auto ra = a.get();
+  const absl::Duration took = absl::Now() - killed;
+  // B and C go on for a while after node 0 is known down (--peer_down_ms).
+  auto runs_after = [&](Loop& l) {
+    absl::MutexLock lock(&l.mu);
+    int n = 0;
+    for (size_t i = 0; i < l.begins.size(); ++i) n += l.begins[i] > killed + absl::Seconds(1);
+    return n;
+  };
+  const absl::Time limit = absl::Now() + absl::Seconds(60);
+  while ((runs_after(loop_b) < 2 || runs_after(loop_c) < 2) && absl::Now() < limit) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  stop = true;
+  tb.join();
+  tc.join();
+
+  ASSERT_FALSE(ra.ok());
+  ASSERT_EQ(statuses.size(), 3u) << ra.status();
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    const absl::Status& st = statuses[i];
+    EXPECT_TRUE(absl::IsUnavailable(st) || absl::IsAborted(st)) << "A's caller " << i << ": " << st;
+    std::printf("killed node 0: A's caller %zu ended with %s\n", i, st.ToString().c_str());
+  }
+  // Ranks 2 and 3 (node 1) are told node 0 is gone.
+  EXPECT_NE(statuses[1].message().find("node 0"), std::string::npos) << statuses[1];
+  EXPECT_NE(statuses[2].message().find("node 0"), std::string::npos) << statuses[2];
+  EXPECT_LT(took, absl::Milliseconds(2 * doomed.deadline_ms)) << took;
+  std::printf("killed node 0: A's calls ended %s after the kill (deadline %u ms)\n",
+              absl::FormatDuration(took).c_str(), doomed.deadline_ms);
+  for (auto* l : {&loop_b, &loop_c}) {
+    const char* name = l == &loop_b ? "B" : "C";
+    absl::MutexLock lock(&l->mu);
+    ASSERT_FALSE(l->statuses.empty());
+    int before = 0;
+    for (size_t i = 0; i < l->statuses.size(); ++i) {
+      EXPECT_TRUE(l->statuses[i].ok()) << name << " run " << i << ": " << l->statuses[i];
+      EXPECT_LE(l->errors[i], 1e-5) << name << " run " << i;
+      before += l->begins[i] < killed;
+    }
+    EXPECT_GE(before, 1) << name << " never ran before the kill";
+    std::printf("killed node 0: group %s ran %zu times OK, %d of them started before the kill\n",
+                name, l->statuses.size(), before);
+  }
+  EXPECT_GE(runs_after(loop_b), 2);
+  EXPECT_GE(runs_after(loop_c), 2);
+}
+
+// Ranks on different nodes that name different member lists never run:
+// each node's list is part of the key the members agree on.
+TEST(JobGroupsTest, NodesThatDeclareDifferentMembersFailAgreement) {
+  auto cluster = LocalCluster::Start(3, 1, kFlags);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->WaitFormed(absl::Seconds(30)).ok());
+  LocalCluster& c = **cluster;
+  const GlobalProblem p = MakeProblem(Structure(), true, 21);
+  // Rank 1 calls node 2 and declares {0, 2}; rank 0 calls node 0 and
+  // declares {0, 1}. Each list passes its own daemon's checks.
+  GroupSpec spec = Declared(c, "split", {0, 2}, 1, hsap::v1::STRATEGY_SAP);
+  spec.deadline_ms = 2000;
+  const std::string node1 = absl::StrCat("127.0.0.1:", c.port(1));
+  spec.edit_call_id = [&](int32_t rank, hsap::v1::CallId* id) {
+    if (rank == 0) id->set_nodes(1, node1);
+  };
+  std::vector<absl::Status> statuses;
+  spec.statuses = &statuses;
+  const absl::Time start = absl::Now();
+  auto r = RunGroup(p, spec);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(r.ok());
+  ASSERT_EQ(statuses.size(), 2u);
+  // Node 2 asks node 0, which states another member list.
+  EXPECT_TRUE(absl::IsFailedPrecondition(statuses[1])) << statuses[1];
+  EXPECT_NE(statuses[1].message().find("plan mismatch"), std::string::npos) << statuses[1];
+  EXPECT_NE(statuses[1].message().find("nodes=0,2"), std::string::npos) << statuses[1];
+  EXPECT_NE(statuses[1].message().find("nodes=0,1"), std::string::npos) << statuses[1];
+  // Node 0 waits for node 1, which never hears of the call: the deadline.
+  EXPECT_TRUE(absl::IsDeadlineExceeded(statuses[0]) || absl::IsFailedPrecondition(statuses[0]))
+      << statuses[0];
+  EXPECT_LT(took, absl::Milliseconds(2 * spec.deadline_ms + 1000)) << took;
+  std::printf("different member lists: rank 0 %s, rank 1 %s\n", statuses[0].ToString().c_str(),
+              statuses[1].ToString().c_str());
+}
+
+}  // namespace
+}  // namespace hsap::testing
