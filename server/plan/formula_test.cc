@@ -87,7 +87,9 @@ TEST(FormulaTest, UnevenHeadsSplitWithIdleSlots) {
     EXPECT_LE(h, 1);
     idle += h == 0;
     heads += h;
-    if (h == 0) EXPECT_EQ(rp.stats.area, 0);
+    if (h == 0) {
+      EXPECT_EQ(rp.stats.area, 0);
+    }
   }
   EXPECT_EQ(idle, 3);
   EXPECT_EQ(heads, 5);

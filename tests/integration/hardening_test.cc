@@ -352,7 +352,9 @@ TEST(HardeningTest, AFloodingClientAndTheFdLimitWedgeNobody) {
   auto at_limit_call = others[1]->Forward(
       (*calls)->ForwardRequest(OneRank("at-the-limit"), client::DocumentMask(kCu, true), {}));
   EXPECT_TRUE(at_limit_call.ok()) << at_limit_call.status();
-  if (at_limit_call.ok()) EXPECT_EQ(at_limit_call->stats().area(), kArea);
+  if (at_limit_call.ok()) {
+    EXPECT_EQ(at_limit_call->stats().area(), kArea);
+  }
   ASSERT_TRUE(Alive(*d));
   ASSERT_EQ(prlimit(d->pid(), RLIMIT_NOFILE, &before, nullptr), 0);
   // The waiting client is served once fds are back (the backoff is <= 1 s).
@@ -425,7 +427,9 @@ TEST(HardeningTest, CapsKeepASessionFromStarvingTheOthers) {
         (*bufs)->FillInputs(1);
         auto r = (*g)->Forward((*bufs)->ForwardRequest(OneRank("caps"), client::DocumentMask(kCu, true), {}));
         good = r.status();
-        if (r.ok()) EXPECT_EQ(r->stats().area(), kArea);
+        if (r.ok()) {
+          EXPECT_EQ(r->stats().area(), kArea);
+        }
         break;
       }
     }
