@@ -127,9 +127,20 @@ for i in 0 1; do
     "$root/examples/train_context_parallel.py" "$@"
   torchruns+=("$!")
 done
+# The first torchrun to fail ends the other (it would wait for its peer
+# until the time limit).
 status=0
-for pid in "${torchruns[@]}"; do
-  wait "$pid" || status=$?
+for _ in "${torchruns[@]}"; do
+  wait -n -p finished "${torchruns[@]}"
+  rc=$?
+  if ((rc != 0)); then
+    status=$rc
+    for pid in "${torchruns[@]}"; do
+      [[ "$pid" == "$finished" ]] || kill -TERM -- "-$pid" 2>/dev/null
+    done
+    wait "${torchruns[@]}"
+    break
+  fi
 done
 
 echo "--- node 0 (torchrun --node_rank=0; pg rank 0 prints the table)"

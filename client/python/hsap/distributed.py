@@ -146,6 +146,23 @@ def plan_group(entries):
     return group_name, list(on_node), len(pg_ranks) // len(on_node), pg_ranks
 
 
+def _gather(pg, mine):
+    """all_gather_object of every rank's entry over pg; raises on every rank
+    when any rank's entry is an ("error", code name, message): its own, else
+    the first other rank's, naming that rank."""
+    import torch.distributed as dist
+    entries = [None] * dist.get_world_size(pg)
+    dist.all_gather_object(entries, mine, group=pg)
+    failed = [(i, e) for i, e in enumerate(entries) if e[0] == "error"]
+    if failed:
+        me = dist.get_rank(pg)
+        i, (_, code, message) = next(((i, e) for i, e in failed if i == me), failed[0])
+        if i != me:
+            message = f"pg rank {i} could not join the group: {message}"
+        raise HsapError(grpc.StatusCode[code], message)
+    return entries
+
+
 def _own_entry(client, name, address, local_slot):
     """This rank's ("ok", address, slot, name or None, drawn name)."""
     if name is not None and (not isinstance(name, str) or not 1 <= len(name.encode()) <= 128):
@@ -167,23 +184,15 @@ def from_process_group(pg=None, name=None, client=None, assignment="balanced", d
                         "torch.distributed.init_process_group first, or hsap.init_from_env()")
     if pg is None:
         pg = dist.group.WORLD
-    client = client or default_client()
-    # A rank's own problem (no address, a bad one, a bad slot or name) is
-    # gathered too, so that every rank raises it instead of the others
-    # waiting in the gather.
+    # A rank's own problem (no daemon, no address, a bad one, a bad slot or
+    # name) is gathered too, so that every rank raises it instead of the
+    # others waiting in the gather.
     try:
+        client = client or default_client()
         mine = _own_entry(client, name, address, local_slot)
     except HsapError as e:
         mine = ("error", e.code.name, e.message)
-    entries = [None] * dist.get_world_size(pg)
-    dist.all_gather_object(entries, mine, group=pg)
-    failed = [(i, e) for i, e in enumerate(entries) if e[0] == "error"]
-    if failed:
-        i, (_, code, message) = next(((i, e) for i, e in failed if i == dist.get_rank(pg)),
-                                     failed[0])
-        if i != dist.get_rank(pg):
-            message = f"pg rank {i} could not join the group: {message}"
-        raise HsapError(grpc.StatusCode[code], message)
+    entries = _gather(pg, mine)
     pg_rank = dist.get_rank(pg)
     group_name, nodes, per_node, pg_ranks = plan_group(entries)
     rank = pg_ranks.index(pg_rank)
@@ -220,7 +229,10 @@ def init_from_env(name=None, socket_path=None, backend="gloo", **group_options):
         raise InvalidInputError(f"torch.distributed is initialized as rank {dist.get_rank()} of "
                                 f"{dist.get_world_size()} but $RANK is {rank} and $WORLD_SIZE "
                                 f"is {world}")
-    client = connect(socket_path)
+    try:
+        client = connect(socket_path)
+    except HsapError as e:  # the others are told too (they would wait in the gather)
+        _gather(dist.group.WORLD, ("error", e.code.name, e.message))
     try:
         return from_process_group(dist.group.WORLD, name, client, **group_options)
     except BaseException:

@@ -13,8 +13,8 @@ the float64 reference (fp32 relative error <= 1e-5) when
 Every formation with name=None gets a new name, the same on every rank. Bad
 declarations raise the same error on every rank instead of hanging: unequal
 ranks per node (the counts listed), one rank's bad $HSAP_ADDRESS, different
-names, a daemon without a TCP address. init_from_env names the environment
-variable it cannot use."""
+names, a daemon without a TCP address, one rank without a daemon.
+init_from_env names the environment variable it cannot use."""
 
 import multiprocessing
 import os
@@ -64,7 +64,8 @@ def attention_errors(group, strategy):
     return {"out": rel_error(out, ref_out[rows]), "lse": rel_error(lse, ref_lse[:, rows]),
             "dq": rel_error(local[0].grad, x64[0].grad[rows]),
             "dk": rel_error(local[1].grad, x64[1].grad[rows]),
-            "dv": rel_error(local[2].grad, x64[2].grad[rows]), "rows": len(rows)}
+            "dv": rel_error(local[2].grad, x64[2].grad[rows]), "rows": len(rows),
+            "strategy": layout.strategy}
 
 
 def describe(group):
@@ -121,6 +122,11 @@ def scenarios(rank, sockets, addresses, portless_socket, store_port):
     portless = hsap.connect(portless_socket)
     results["no_address"] = expect_error(lambda: hsap.Group.from_process_group(client=portless))
     portless.close()
+
+    # 7. init_from_env where one rank finds no daemon.
+    env.update(LOCAL_RANK=str(rank % 2), HSAP_SOCKET="/nonexistent/hsapd.sock" if rank == 1
+               else sockets[rank // 2], HSAP_ADDRESS=addresses[rank // 2])
+    results["no_daemon"] = expect_error(hsap.init_from_env)
     client.close()
     dist.barrier()
     return results
@@ -198,7 +204,7 @@ class ProcessGroupTest(unittest.TestCase):
                         p.join()
         return [results[r] for r in range(WORLD)]
 
-    def check_group(self, scenario, want_ranks):
+    def check_group(self, scenario, want_ranks, strategy=None):
         got = [r[scenario] for r in self.results]
         self.assertEqual([g["rank"] for g in got], want_ranks)
         self.assertEqual([g["pg_rank"] for g in got], list(range(WORLD)))
@@ -210,16 +216,19 @@ class ProcessGroupTest(unittest.TestCase):
             self.assertEqual(g["local_rank"], g["rank"] % 2)
             self.assertEqual(g["name"], got[0]["name"])
             self.assertGreater(g["errors"]["rows"], 0)
+            if strategy is not None:
+                self.assertEqual(g["errors"]["strategy"], strategy)
             for what in ("out", "lse", "dq", "dk", "dv"):
                 err = g["errors"][what]
                 self.assertLessEqual(err, TOLERANCE, f"{scenario} rank {g['rank']} {what}: {err}")
-        print(f"  {scenario}: hsap ranks {want_ranks}, max rel error "
-              f"{max(max(g['errors'][w] for w in ('out', 'lse', 'dq', 'dk', 'dv')) for g in got):.3g}")
+        worst = {w: max(g["errors"][w] for g in got) for w in ("out", "lse", "dq", "dk", "dv")}
+        print(f"  {scenario}: hsap ranks {want_ranks}, strategy {got[0]['errors']['strategy']}, "
+              f"max rel error {', '.join(f'{w} {e:.2g}' for w, e in worst.items())}")
         return got[0]["name"]
 
     def test_alternating_pg_ranks_are_numbered_node_major(self):
-        first = self.check_group("alternate", [0, 2, 1, 3])
-        second = self.check_group("alternate_again", [0, 2, 1, 3])
+        first = self.check_group("alternate", [0, 2, 1, 3], "hsap")
+        second = self.check_group("alternate_again", [0, 2, 1, 3], "ring")
         self.assertRegex(first, r"^pg-[0-9a-f]{32}$")
         self.assertNotEqual(first, second)
 
@@ -251,6 +260,15 @@ class ProcessGroupTest(unittest.TestCase):
             e = r["no_address"]
             self.assertEqual(e["code"], "FAILED_PRECONDITION")
             self.assertIn("set $HSAP_ADDRESS=host:port", e["message"])
+
+    def test_one_rank_without_a_daemon_fails_every_rank(self):
+        for rank, r in enumerate(self.results):
+            e = r["no_daemon"]
+            self.assertEqual(e["code"], "UNAVAILABLE")
+            self.assertIn("no hsapd session socket at /nonexistent/hsapd.sock.session",
+                          e["message"])
+            if rank != 1:
+                self.assertIn("pg rank 1 could not join the group", e["message"])
 
 
 class LocalChecksTest(unittest.TestCase):
