@@ -130,15 +130,17 @@ done
 # The first torchrun to fail ends the other (it would wait for its peer
 # until the time limit).
 status=0
-for _ in "${torchruns[@]}"; do
-  wait -n -p finished "${torchruns[@]}"
+running=("${torchruns[@]}")
+while ((${#running[@]} > 0)); do
+  wait -n -p finished "${running[@]}"
   rc=$?
+  left=()
+  for pid in "${running[@]}"; do [[ "$pid" == "$finished" ]] || left+=("$pid"); done
+  running=("${left[@]}")
   if ((rc != 0)); then
     status=$rc
-    for pid in "${torchruns[@]}"; do
-      [[ "$pid" == "$finished" ]] || kill -TERM -- "-$pid" 2>/dev/null
-    done
-    wait "${torchruns[@]}"
+    for pid in "${running[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done
+    wait "${running[@]}"
     break
   fi
 done
