@@ -17,7 +17,10 @@ flash_attn_varlen_func.
     out_local = hsap.varlen_attn(q[rows], k[rows], v[rows], cu_seqlens,
                                  max_seqlen, group=group)
 
-Public names: connect, Client, default_client, flash_attn_varlen_func,
+    # Under torchrun, one hsapd per node (see hsap.distributed):
+    group = hsap.init_from_env()       # or hsap.Group.from_process_group(pg)
+
+Public names: init_from_env, connect, Client, default_client, flash_attn_varlen_func,
 flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
 masked_attn, varlen_attn, masks, Mask, Group, dispatch, Dispatch, HsapError,
 InvalidInputError, InvalidDTypeError; modules hsap.reference (PyTorch
@@ -41,8 +44,9 @@ from hsap.attention import masked_attn, varlen_attn  # noqa: E402
 from hsap.flash import (  # noqa: E402
     flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
 from hsap.plans import Dispatch, dispatch  # noqa: E402
+from hsap.distributed import init_from_env  # noqa: E402
 
 __all__ = ["Client", "Dispatch", "Group", "HsapError", "InvalidDTypeError", "InvalidInputError",
            "Mask", "connect", "default_client", "dispatch", "flash_attn_varlen_func",
-           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "masked_attn",
-           "masks", "varlen_attn"]
+           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "init_from_env",
+           "masked_attn", "masks", "varlen_attn"]

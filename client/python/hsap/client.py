@@ -32,6 +32,8 @@ import torch
 
 from hsap.errors import HsapError, from_rpc_error
 from hsap.v1 import attention_pb2_grpc
+from hsap.v1 import cluster_pb2
+from hsap.v1 import cluster_pb2_grpc
 from hsap.v1 import plans_pb2_grpc
 from hsap.v1 import regions_pb2
 from hsap.v1 import regions_pb2_grpc
@@ -106,6 +108,7 @@ class Client:
         self._regions = regions_pb2_grpc.RegionsStub(self._channel)
         self._attention = attention_pb2_grpc.AttentionStub(self._channel)
         self._plans = plans_pb2_grpc.PlansStub(self._channel)
+        self._cluster = cluster_pb2_grpc.ClusterStub(self._channel)
         self._session_lock = threading.Lock()
         self._next_transfer_id = 1
         self._arena_lock = threading.Lock()
@@ -186,6 +189,11 @@ class Client:
 
     def plans_dispatch(self, request):
         return self._call(self._plans.Dispatch, request)
+
+    def cluster_status(self):
+        """The daemon's GetClusterStatusResponse (this node and, on a
+        cluster, every node with its TCP address and state)."""
+        return self._call(self._cluster.GetClusterStatus, cluster_pb2.GetClusterStatusRequest())
 
     def _call(self, method, request):
         if self._closed:

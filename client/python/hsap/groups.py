@@ -43,6 +43,10 @@ class Group:
       (size <= its device slots) or spans its whole static cluster.
     node_index: this rank's node in `nodes` (default rank // ranks_per_node,
       the only value the daemon accepts).
+    Also: ranks_per_node, local_rank (rank % ranks_per_node; hsapd runs it
+    on its device slot local_rank mod its slots); for a group made by
+    from_process_group, pg_rank (this rank in the process group) and
+    pg_ranks (pg_ranks[r]: the pg rank of group rank r); None otherwise.
     Thread-safe.
     """
 
@@ -64,10 +68,34 @@ class Group:
         self.client = client
         self.assignment = assignment
         self.deadline_ms = int(deadline_ms)
+        self.ranks_per_node = size // len(self.nodes) if self.nodes else size
+        self.local_rank = rank % self.ranks_per_node
+        self.pg_rank = None
+        self.pg_ranks = None
         self.generation = 0
         self.failed = None  # the HsapError that ended the group, if any
         self._last_seq = 0
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_process_group(cls, pg=None, name=None, client=None, assignment="balanced",
+                           deadline_ms=0, address=None, local_slot=None):
+        """Forms the group of the ranks of the torch.distributed ProcessGroup
+        `pg` (None: the default group), each rank with its local daemon
+        (client, None: hsap.default_client()), by one all_gather_object over
+        pg (a collective: every rank of pg calls it). See hsap.distributed:
+        nodes ordered by their first pg rank, equal ranks per node, local
+        ranks ordered by device slot (local_slot, else $LOCAL_RANK, else pg
+        rank), rank = node_index * ranks_per_node + local rank (may differ
+        from the pg rank: then use group.rank for hsap.dispatch's layout).
+        name=None: a new name ("pg-<uuid>", drawn by pg rank 0) for each
+        formation; a name given must be the same on every rank. address:
+        this daemon's TCP address, else $HSAP_ADDRESS, else asked from the
+        daemon. Every rank raises the same InvalidInputError / HsapError
+        when the ranks' declarations do not make a group."""
+        from hsap.distributed import from_process_group
+        return from_process_group(pg, name, client, assignment, deadline_ms, address,
+                                  local_slot)
 
     @property
     def num_nodes(self):
