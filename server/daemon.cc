@@ -181,7 +181,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     // docs/decisions.md ("TCP token").
     HSAP_LOG(WARNING) << "*** TCP port " << options.tcp_port << " is open WITHOUT a token: anyone "
                       << "who can reach " << options.tcp_host << ":" << options.tcp_port
-                      << (num_nodes > 1 ? " can join this cluster, abort its calls," : "")
+                      << " can join this daemon's groups, abort their calls,"
                       << " and evict plans. Give --token_file (mode 0600) on every node. ***";
   }
   if (d->cluster_node_ != nullptr) {

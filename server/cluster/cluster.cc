@@ -51,11 +51,8 @@ Cluster::~Cluster() {
     stopping_ = true;
   }
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  // It cancels and drains the run-time heartbeats in flight.
   if (liveness_thread_.joinable()) liveness_thread_.join();
-  // Run-time heartbeats in flight call back into this object.
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int* in_flight) { return *in_flight == 0; }, &heartbeats_in_flight_));
 }
 
 grpc::Service* Cluster::service() { return service_.get(); }

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -260,8 +261,9 @@ class Cluster {
   absl::Status JoinRoot(const std::shared_ptr<GroupEntry>& group, absl::Time deadline);
   void FailGroupLocked(GroupEntry& group, const absl::Status& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct HeartbeatCall;
   void LivenessLoop();
-  void LivenessTick();
+  void LivenessTick(grpc::CompletionQueue* cq, absl::flat_hash_set<HeartbeatCall*>* in_flight);
   void OnRuntimeHeartbeat(int32_t peer, uint64_t incarnation, const grpc::Status& status,
                           uint64_t answered_incarnation);
   std::shared_ptr<v1::Peer::Stub> MakeStub(const std::string& address) const;
@@ -280,7 +282,6 @@ class Cluster {
   PeerTable peers_ ABSL_GUARDED_BY(mu_);
   GroupTable groups_ ABSL_GUARDED_BY(mu_);
   uint64_t next_group_uid_ ABSL_GUARDED_BY(mu_) = 0;
-  int heartbeats_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<CallKey, absl::Status> aborted_calls_ ABSL_GUARDED_BY(mu_);
 

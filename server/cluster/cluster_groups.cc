@@ -30,13 +30,23 @@ bool FormationChanged(FormationWait* w) {
   return !w->driver && !w->group->forming;
 }
 
-// One run-time heartbeat in flight.
-struct HeartbeatCall {
+}  // namespace
+
+// One run-time heartbeat in flight on the liveness thread's completion
+// queue. It holds the peer's stub (and so its channel) until the liveness
+// thread deletes it: a channel must not be destroyed on a gRPC thread.
+struct Cluster::HeartbeatCall {
   grpc::ClientContext context;
   v1::HeartbeatRequest request;
   v1::HeartbeatResponse response;
+  grpc::Status status;
   std::shared_ptr<v1::Peer::Stub> stub;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatResponse>> reader;
+  int32_t peer = 0;
+  uint64_t sent_to = 0;  // the incarnation it was sent to
 };
+
+namespace {
 
 }  // namespace
 
@@ -388,16 +398,45 @@ std::array<int, 4> Cluster::PeerCounts() const {
 }
 
 void Cluster::LivenessLoop() {
-  while (true) {
-    LivenessTick();
+  // Heartbeats go out asynchronously (a hung peer delays no other) on this
+  // thread's own completion queue, which this thread also drains.
+  grpc::CompletionQueue cq;
+  absl::flat_hash_set<HeartbeatCall*> in_flight;
+  absl::Duration period;
+  {
     absl::MutexLock lock(&mu_);
-    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.heartbeat_period)) return;
+    period = options_.heartbeat_period;
   }
+  absl::Time next_tick = absl::Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+    }
+    if (absl::Now() >= next_tick) {
+      LivenessTick(&cq, &in_flight);
+      next_tick = absl::Now() + period;
+    }
+    void* tag = nullptr;
+    bool ok = false;
+    if (cq.AsyncNext(&tag, &ok, absl::ToChronoTime(next_tick)) ==
+        grpc::CompletionQueue::GOT_EVENT) {
+      auto* call = static_cast<HeartbeatCall*>(tag);
+      in_flight.erase(call);
+      OnRuntimeHeartbeat(call->peer, call->sent_to, call->status, call->response.incarnation());
+      delete call;
+    }
+  }
+  for (HeartbeatCall* call : in_flight) call->context.TryCancel();
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) delete static_cast<HeartbeatCall*>(tag);
 }
 
-void Cluster::LivenessTick() {
+void Cluster::LivenessTick(grpc::CompletionQueue* cq, absl::flat_hash_set<HeartbeatCall*>* in_flight) {
   std::vector<std::pair<int32_t, absl::Status>> downs;
-  std::vector<std::pair<int32_t, HeartbeatCall*>> calls;
+  std::vector<HeartbeatCall*> calls;
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
@@ -416,13 +455,14 @@ void Cluster::LivenessTick() {
       if (p->heartbeat_in_flight || p->stub == nullptr) continue;
       auto* call = new HeartbeatCall;
       call->stub = p->stub;
+      call->peer = p->id;
+      call->sent_to = p->incarnation;
       call->context.set_deadline(absl::ToChronoTime(now + options_.rpc_timeout));
       call->request.set_node_rank(self_);
       call->request.set_incarnation(incarnation_);
       call->request.set_address(options_.advertise_address);
       p->heartbeat_in_flight = true;
-      ++heartbeats_in_flight_;
-      calls.emplace_back(p->id, call);
+      calls.push_back(call);
     }
     for (auto& gone : peers_.TakeExpired(now, options_.peer_linger)) {
       HSAP_LOG(INFO) << "peer " << gone->address << " (id " << gone->id
@@ -431,18 +471,10 @@ void Cluster::LivenessTick() {
     }
   }
   for (const auto& [peer, why] : downs) MarkDown(peer, why);
-  for (const auto& [peer, call] : calls) {
-    const uint64_t sent_to = [&] {
-      absl::MutexLock lock(&mu_);
-      const PeerRecord* p = peers_.Find(peer);
-      return p != nullptr ? p->incarnation : 0;
-    }();
-    call->stub->async()->Heartbeat(&call->context, &call->request, &call->response,
-                                   [this, peer, sent_to, call](grpc::Status s) {
-                                     OnRuntimeHeartbeat(peer, sent_to, s,
-                                                        call->response.incarnation());
-                                     delete call;
-                                   });
+  for (HeartbeatCall* call : calls) {
+    call->reader = call->stub->AsyncHeartbeat(&call->context, call->request, cq);
+    call->reader->Finish(&call->response, &call->status, call);
+    in_flight->insert(call);
   }
 }
 
@@ -451,7 +483,6 @@ void Cluster::OnRuntimeHeartbeat(int32_t peer, uint64_t incarnation, const grpc:
   absl::Status restart;
   {
     absl::MutexLock lock(&mu_);
-    --heartbeats_in_flight_;
     PeerRecord* p = peers_.Find(peer);
     if (p == nullptr) return;
     p->heartbeat_in_flight = false;
