@@ -17,6 +17,8 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+const grpc::Status kNotStarted(grpc::StatusCode::UNAVAILABLE, "not started");
+
 }  // namespace
 
 absl::StatusOr<int32_t> Cluster::SenderPeer(int32_t node_rank, const std::string& address,
@@ -47,6 +49,13 @@ absl::StatusOr<int32_t> Cluster::SenderPeer(int32_t node_rank, const std::string
 
 grpc::Status Cluster::OnAgreePlan(const v1::AgreePlanRequest& request,
                                   v1::AgreePlanResponse* response) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!started_) return kNotStarted;
+  }
+  absl::Status valid = ValidateCallFields(request.group(), &request.plan_key());
+  if (valid.ok()) valid = ValidateRecvCommId(request.recv_comm_id());
+  if (!valid.ok()) return ToGrpc(valid);
   absl::StatusOr<int32_t> sender = SenderPeer(request.node_rank(), request.address(),
                                               request.incarnation(), request.group());
   if (absl::IsNotFound(sender.status())) {
@@ -55,10 +64,7 @@ grpc::Status Cluster::OnAgreePlan(const v1::AgreePlanRequest& request,
     response->set_agreed(false);
     return grpc::Status::OK;
   }
-  absl::Status valid = sender.status();
-  if (valid.ok()) valid = ValidateCallFields(request.group(), &request.plan_key());
-  if (valid.ok()) valid = ValidateRecvCommId(request.recv_comm_id());
-  if (!valid.ok()) return ToGrpc(valid);
+  if (!sender.ok()) return ToGrpc(sender.status());
   const CallKey call{request.group(), request.call_seq(), request.backward()};
   uint32_t my_comm = 0;
   const std::string mine =
@@ -70,13 +76,17 @@ grpc::Status Cluster::OnAgreePlan(const v1::AgreePlanRequest& request,
 }
 
 grpc::Status Cluster::OnAbortCall(const v1::AbortCallRequest& request) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!started_) return kNotStarted;
+  }
+  absl::Status valid = ValidateAbortFields(request);
+  if (!valid.ok()) return ToGrpc(valid);
   absl::StatusOr<int32_t> sender = SenderPeer(request.node_rank(), request.address(),
                                               request.incarnation(), request.group());
   // An abort from a member this node does not know yet still counts: the
   // call must not start here either.
-  absl::Status valid = absl::IsNotFound(sender.status()) ? absl::OkStatus() : sender.status();
-  if (valid.ok()) valid = ValidateAbortFields(request);
-  if (!valid.ok()) return ToGrpc(valid);
+  if (!sender.ok() && !absl::IsNotFound(sender.status())) return ToGrpc(sender.status());
   ApplyAbort(request, request.address().empty() ? absl::StrCat(request.node_rank())
                                                 : request.address());
   return grpc::Status::OK;
