@@ -7,9 +7,11 @@
 #   2. ThreadSanitizer: the concurrency tests — call matcher, plan cache,
 #      region registry, transports, executor, plan agreement, metrics
 #      registry and exposer, kernel thread pool, the numerics test (the
-#      kernels' waves on two threads, ranks on threads). Not cluster_test: its
-#      in-process gRPC traffic is synchronized inside uninstrumented gRPC
-#      (tests/sanitizers/tsan.supp explains).
+#      kernels' waves on two threads, ranks on threads). Not cluster_test nor
+#      group_formation_test: their in-process gRPC traffic is synchronized
+#      inside uninstrumented gRPC (tests/sanitizers/tsan.supp explains; both
+#      report races in gRPC/protobuf frames only, then crash inside the
+#      uninstrumented libraries when run with halt_on_error=0).
 # The two runs are sequential (each takes both cores). Outputs live in
 # bazel-out/k8-opt-asan and k8-opt-tsan (--platform_suffix), so the plain
 # build is not disturbed. Extra arguments go to both bazel invocations.

@@ -11,11 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/cluster/node_address.h"
 #include "server/plan/cost_model.h"
 
 namespace hsap {
@@ -67,6 +69,20 @@ absl::StatusOr<shm::RegionLimits> ResolveRegionLimits(const DaemonOptions& optio
 
 }  // namespace
 
+// The daemon's registry, with the mirrored gauges (peer layer, regions,
+// sessions, plan cache) refreshed at each scrape.
+class Daemon::RefreshingCollectable final : public metrics::Collectable {
+ public:
+  explicit RefreshingCollectable(DaemonState* state) : state_(state) {}
+  std::vector<metrics::MetricFamily> Collect() const override {
+    state_->RefreshGauges();
+    return state_->metrics_registry.Collect();
+  }
+
+ private:
+  DaemonState* const state_;
+};
+
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (options.cpu_devices < 1 || options.cpu_devices > 1024) {
     return absl::InvalidArgumentError(
@@ -77,7 +93,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         "profile '", options.profile, "' is not one of ",
         absl::StrJoin(plan::HardwareProfileNames(), ", ")));
   }
-  std::unique_ptr<Daemon> d(new Daemon(options));
+  DaemonOptions resolved = options;
   const int num_nodes = std::max<int>(1, static_cast<int>(options.peers.size()));
   if (num_nodes > 1) {
     if (options.node_rank < 0 || options.node_rank >= num_nodes) {
@@ -87,6 +103,29 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     if (options.tcp_port <= 0) {
       return absl::InvalidArgumentError("peers are set but port is 0: peers talk over TCP");
     }
+  }
+  if (options.tcp_port > 0) {
+    if (resolved.advertise_address.empty()) {
+      resolved.advertise_address = num_nodes > 1
+                                       ? options.peers[options.node_rank]
+                                       : absl::StrCat(options.tcp_host, ":", options.tcp_port);
+    }
+    HSAP_RETURN_IF_ERROR(
+        cluster::ValidateNodeAddress("--advertise_address", resolved.advertise_address));
+    if (num_nodes > 1 && resolved.advertise_address != options.peers[options.node_rank]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--advertise_address is '", resolved.advertise_address, "' but --peers[", options.node_rank,
+          "] (--node_rank) is '", options.peers[options.node_rank], "'; they must be equal"));
+    }
+    if (options.max_peers < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_peers is ", options.max_peers, "; it must be >= 1"));
+    }
+  } else if (!options.advertise_address.empty()) {
+    return absl::InvalidArgumentError("--advertise_address is set but --port is 0 (no TCP)");
+  }
+  std::unique_ptr<Daemon> d(new Daemon(resolved));
+  if (options.tcp_port > 0) {
     // First, before other threads start: UCX reads its environment here.
     transport::UcxWorkerOptions ucx_options;
     ucx_options.transports = options.ucx_transports;
@@ -104,7 +143,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   runner.node_rank = num_nodes > 1 ? options.node_rank : 0;
   runner.default_deadline = options.call_deadline;
   runner.profile = options.profile;
-  runner.cluster = d->cluster_node_.get();
+  runner.cluster = d->cluster_node_.get();  // null without TCP
   runner.ucx = d->ucx_.get();
   runner.comm_ids = d->comm_ids_.get();
   std::vector<std::string> devices;
@@ -126,29 +165,33 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     auto exposer = metrics::Exposer::Create(m);
     if (!exposer.ok()) return exposer.status();
     d->exposer_ = std::move(exposer).value();
-    d->exposer_->RegisterCollectable(&d->state_->metrics_registry);
+    d->collect_ = std::make_unique<RefreshingCollectable>(d->state_.get());
+    d->exposer_->RegisterCollectable(d->collect_.get());
   }
   d->state_->limits.max_group_size = num_nodes * options.cpu_devices;
   if (num_nodes > 1) {
     d->state_->limits.peers = options.peers;
     d->state_->limits.node_rank = options.node_rank;
   }
+  d->state_->limits.self_address = resolved.advertise_address;
+  d->state_->cluster = d->cluster_node_.get();
   d->state_->limits.device_slots = options.cpu_devices;
   if (options.tcp_port > 0 && options.tcp_token.empty()) {
     // Kept working for single-machine tests and trusted networks; see
     // docs/decisions.md ("TCP token").
     HSAP_LOG(WARNING) << "*** TCP port " << options.tcp_port << " is open WITHOUT a token: anyone "
                       << "who can reach " << options.tcp_host << ":" << options.tcp_port
-                      << (num_nodes > 1 ? " can join this cluster, abort its calls," : "")
+                      << " can join this daemon's groups, abort their calls,"
                       << " and evict plans. Give --token_file (mode 0600) on every node. ***";
   }
   if (d->cluster_node_ != nullptr) {
     DaemonState* state = d->state_.get();
     // A lost node ends the calls of the groups that include it, and no
     // other group's (a one-node group here never waits for a peer).
+    // `why` names the node (its static index or its address).
     d->cluster_node_->AddNodeAbortCallback([state](int32_t node, const absl::Status& why) {
       state->active.AbortWithNode(
-          node, absl::Status(why.code(), absl::StrCat("node ", node, " lost: ", why.message())));
+          node, absl::Status(why.code(), absl::StrCat("node lost: ", why.message())));
     });
     d->cluster_node_->AddCallAbortCallback(
         [state](const std::string& group, uint64_t call_seq, const absl::Status& why) {
@@ -158,7 +201,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   absl::StatusOr<int> bound_tcp = d->StartServices();
   if (!bound_tcp.ok()) return bound_tcp.status();
-  if (d->cluster_node_ != nullptr) d->StartCluster();
+  if (d->cluster_node_ != nullptr) HSAP_RETURN_IF_ERROR(d->StartCluster());
   d->SetServing(true);
   // The session socket last: a client that reaches it (the Python client's
   // LocalDaemon waits for it) finds the gRPC services up and serving.
@@ -227,21 +270,29 @@ absl::StatusOr<int> Daemon::StartServices() {
   return bound_tcp;
 }
 
-// Joins the static cluster in the background (local calls are served
-// meanwhile).
-void Daemon::StartCluster() {
+// Starts the peer layer; joins the static cluster, if any, in the
+// background (local calls are served meanwhile).
+absl::Status Daemon::StartCluster() {
   cluster::ClusterOptions c;
   c.peers = options_.peers;
   c.node_rank = options_.node_rank;
+  c.advertise_address = options_.advertise_address;
+  c.max_peers = options_.max_peers;
+  c.peer_linger = options_.peer_linger;
+  c.max_groups = options_.max_call_groups;
   c.devices_per_node = options_.cpu_devices;
   c.version = kVersion;
   c.token = options_.tcp_token;
   c.heartbeat_period = options_.heartbeat_period;
   c.suspect_after = options_.peer_down_after * 0.6;
   c.down_after = options_.peer_down_after;
-  // Joining waits for the other nodes; serve local calls meanwhile.
   cluster::Cluster* node = cluster_node_.get();
   transport::UcxWorker* worker = ucx_.get();
+  if (c.peers.empty()) {
+    // No static cluster: nothing to wait for (groups form at run time).
+    return node->Start(c, worker);
+  }
+  // Joining waits for the other nodes; serve local calls meanwhile.
   cluster_start_ = std::thread([node, worker, c] {
     absl::Status st = node->Start(c, worker);
     if (st.ok()) {
@@ -250,6 +301,7 @@ void Daemon::StartCluster() {
       HSAP_LOG(WARNING) << "cluster not formed yet: " << st;
     }
   });
+  return absl::OkStatus();
 }
 
 void Daemon::WireLimits(const shm::RegionLimits& limits) {
@@ -257,9 +309,14 @@ void Daemon::WireLimits(const shm::RegionLimits& limits) {
   auto refused = [state](const char* flag) { state->metrics.RecordLimitRefusal(flag); };
   state->regions.SetRefusalHook(refused);
   state->sessions.Configure(options_.max_sessions, refused);
+  cluster::Cluster* peers = cluster_node_.get();
   state->matcher.SetLimits({.max_groups = options_.max_call_groups,
                             .idle_timeout = options_.call_group_idle,
-                            .on_refusal = refused});
+                            .on_refusal = refused,
+                            // A released group's peers lose a reference.
+                            .on_release = [peers](const std::string& group) {
+                              if (peers != nullptr) peers->ReleaseGroup(group);
+                            }});
   // A closed session's groups are released (call_matcher.h).
   state->sessions.AddCloseCallback([state](uint64_t session) {
     state->matcher.OnSessionClosed(session);
@@ -274,6 +331,7 @@ void Daemon::WireLimits(const shm::RegionLimits& limits) {
   m.SetLimit("max_region_bytes", static_cast<double>(limits.max_total_bytes));
   m.SetLimit("max_region_mappings", static_cast<double>(limits.max_mappings));
   m.SetLimit("max_call_groups", options_.max_call_groups);
+  m.SetLimit("max_peers", options_.max_peers);
   m.SetLimit("max_message_bytes", 64 << 20);
   m.SetLimit("plan_cache_bytes", static_cast<double>(plan::PlanCacheOptions().max_bytes));
   HSAP_LOG(INFO) << "caps: " << options_.max_sessions << " sessions, "

@@ -46,13 +46,23 @@ struct DaemonOptions {
   int plan_compile_threads = 0;
   // uid allowed on the session socket besides root (default: our own).
   int allowed_uid = -1;
-  // Cluster: every node's TCP host:port in node order (empty or one entry:
-  // a single node) and this node's index. Needs tcp_port.
   // Prometheus /metrics over HTTP; port 0 = off.
   std::string metrics_host = "127.0.0.1";
   int metrics_port = 0;
+  // The peer layer is on whenever tcp_port > 0: groups form at run time
+  // between the daemons their calls name. peers, optional: a static
+  // cluster, every node's TCP host:port in node order (empty or one entry:
+  // none) and this node's index.
   std::vector<std::string> peers;
   int node_rank = 0;
+  // The address this daemon is named by in CallId.nodes and on the peer
+  // service; empty: <tcp_host>:<tcp_port>. With peers it must equal
+  // peers[node_rank].
+  std::string advertise_address;
+  // Run-time peers (other members of this daemon's groups) at most, and how
+  // long one no live group uses is kept before it is released.
+  int max_peers = 1024;
+  absl::Duration peer_linger = absl::Seconds(5);
   // UCX transports for the data plane between nodes (UCX_TLS syntax; empty:
   // UCX's choice).
   std::string ucx_transports;
@@ -105,7 +115,7 @@ class Daemon {
   // Start's steps: the gRPC services and server (the bound TCP port), and
   // the background join of the static cluster.
   absl::StatusOr<int> StartServices();
-  void StartCluster();
+  absl::Status StartCluster();
   void SetServing(bool serving);
 
   DaemonOptions options_;
@@ -120,6 +130,8 @@ class Daemon {
   std::unique_ptr<PlansService> plans_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<shm::SessionSocket> session_socket_;
+  class RefreshingCollectable;
+  std::unique_ptr<RefreshingCollectable> collect_;  // what exposer_ serves
   std::unique_ptr<metrics::Exposer> exposer_;  // after state_: stops first
   bool drained_ = false;
 };

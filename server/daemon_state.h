@@ -49,6 +49,7 @@ struct DaemonState {
                        static_cast<int64_t>(regions.total_bytes()));
     metrics.SetRegionMappings(static_cast<int64_t>(regions.live_mappings()));
     metrics.SetCallGroups(matcher.num_groups());
+    if (cluster != nullptr) metrics.SetPeerLayer(cluster->GroupCounts(), cluster->PeerCounts());
     metrics.SetSessions(sessions.num_sessions());
     const plan::PlanCacheStats s = plans.Stats();
     metrics.SetPlanCacheStats({s.hits, s.misses, s.entries, s.bytes});
@@ -61,6 +62,9 @@ struct DaemonState {
   shm::SessionManager sessions;
   CallGate gate;
   ValidationLimits limits;
+  // The peer layer (groups and run-time peers), for the gauges; null
+  // without TCP. Owned by the Daemon.
+  cluster::Cluster* cluster = nullptr;
   exec::MemoryBudget memory;  // --memory_budget_bytes
   // One compute backend per device slot.
   std::unique_ptr<exec::DeviceSlots> slots;

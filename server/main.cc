@@ -46,9 +46,16 @@ ABSL_FLAG(std::string, profile, "cpu-loopback",
 ABSL_FLAG(int, call_deadline_ms, 60000,
           "deadline of a call whose request gives none: every rank must arrive and finish by then");
 ABSL_FLAG(std::vector<std::string>, peers, {},
-          "every node's TCP host:port in node order, this node included (a cluster); empty: "
-          "a single node");
+          "optional static cluster: every node's TCP host:port in node order, this node "
+          "included (pinned peers). Empty: none; groups form at run time between the daemons "
+          "their calls name (CallId.nodes) whenever --port is set");
 ABSL_FLAG(int, node_rank, 0, "this node's index in --peers");
+ABSL_FLAG(std::string, advertise_address, "",
+          "the host:port ranks name this daemon by in CallId.nodes (and peers reach it at); "
+          "empty: <--host>:<--port>. With --peers it must equal --peers[--node_rank]");
+ABSL_FLAG(int, peer_linger_ms, 5000,
+          "a run-time peer no live group uses is released (heartbeats stop, UCX endpoint "
+          "closed) after this long");
 ABSL_FLAG(std::string, ucx_transports, "",
           "UCX transports between nodes (UCX_TLS syntax, e.g. tcp or posix,sysv,cma,self); "
           "empty: UCX's choice");
@@ -67,7 +74,10 @@ ABSL_FLAG(uint64_t, max_region_bytes, uint64_t{1} << 40,
 ABSL_FLAG(uint64_t, max_region_mappings, 0,
           "client mappings at most (regions, and unregistered ones calls still use); 0: half of "
           "vm.max_map_count, leaving the rest to the daemon's own mappings");
-ABSL_FLAG(int, max_call_groups, 4096, "call groups the call matcher keeps state for at most");
+ABSL_FLAG(int, max_call_groups, 4096,
+          "call groups the call matcher keeps state for at most (and multi-node groups the "
+          "peer layer forms)");
+ABSL_FLAG(int, max_peers, 1024, "run-time peers (other members of this daemon's groups) at most");
 ABSL_FLAG(int, session_stall_timeout_s, 30,
           "a session connection throttled this long without its client reading an ack is closed");
 ABSL_FLAG(int, call_group_idle_s, 600,
@@ -128,6 +138,9 @@ int main(int argc, char** argv) {
   options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   options.peers = absl::GetFlag(FLAGS_peers);
   options.node_rank = absl::GetFlag(FLAGS_node_rank);
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  options.peer_linger = absl::Milliseconds(absl::GetFlag(FLAGS_peer_linger_ms));
+  options.max_peers = absl::GetFlag(FLAGS_max_peers);
   options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);
   options.heartbeat_period = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.peer_down_after = absl::Milliseconds(absl::GetFlag(FLAGS_peer_down_ms));

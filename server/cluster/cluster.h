@@ -1,7 +1,10 @@
-// Cluster: static membership of the hsapd daemons of one SP cluster
-// (DESIGN.md §7) — join, UCX address exchange, heartbeats, failure
-// detection and re-forming, plan-key agreement and call aborts — over the
-// hsap.v1.Peer gRPC service (proto/hsap/v1/peer.proto).
+// Cluster: the peer layer of one hsapd (DESIGN.md §7) over the hsap.v1.Peer
+// gRPC service (proto/hsap/v1/peer.proto): an optional static cluster
+// (--peers: join, UCX address exchange, heartbeats, failure detection and
+// re-forming), groups formed at run time with the peers their members name
+// (JoinGroup to the group's root, UCX connected once per peer incarnation,
+// heartbeats while a live group references the peer), plan-key agreement
+// and call aborts among a call's member nodes.
 //
 // Wiring in the daemon (the service must be registered before the TCP gRPC
 // server starts; Start after it listens):
@@ -9,82 +12,108 @@
 //   cluster::Cluster cluster;
 //   builder.RegisterService(cluster.service());
 //   server = builder.BuildAndStart();
-//   cluster.AddNodeAbortCallback([&](int32_t node, const absl::Status& why) {
-//     active_calls.AbortWithNode(node, why);   // its groups' calls end UNAVAILABLE
+//   cluster.AddNodeAbortCallback([&](int32_t peer, const absl::Status& why) {
+//     active_calls.AbortWithNode(peer, why);   // its groups' calls end UNAVAILABLE
 //   });
 //   HSAP_RETURN_IF_ERROR(cluster.Start(options, ucx_worker.get()));
-//   ...
+//   ... a multi-node call's first match on this node:
+//   HSAP_ASSIGN_OR_RETURN(std::vector<int32_t> peers,
+//       cluster.AcquireGroup(group, call_nodes, node_index));   // + ReleaseCallPeers
+//   HSAP_RETURN_IF_ERROR(cluster.FormGroup(group, deadline));
 //   HSAP_ASSIGN_OR_RETURN(std::vector<uint32_t> recv_comm_of_node,
-//       cluster.AgreePlan({group, call_seq, backward}, key, my_recv_comm, deadline,
-//                         member_nodes));
-//   ... the call's UCX sends to node n carry recv_comm_of_node[n] ...
+//       cluster.AgreePlan({group, call_seq, backward}, key, my_recv_comm, deadline, peers));
+//   ... the call's UCX sends to group node i carry recv_comm_of_node[i] ...
 //   cluster.EndCall(group, call_seq);  // when this node's ranks are done
+//   cluster.ReleaseGroup(group);       // when the call matcher releases it
 //
-// Membership: options.peers lists every node's host:port in node order
-// (this node's own entry included); options.node_rank says which is ours.
-// Each process start draws a random incarnation. A background thread sends
-// Join to peers it has not joined and Heartbeat to the others every
-// heartbeat_period. A peer not heard from for suspect_after is SUSPECT, for
-// down_after DOWN: the node abort callbacks run (UNAVAILABLE naming the
-// node), and its UCX endpoint is closed. When it answers again (or Joins us,
-// or shows a new incarnation — a restart, which also aborts), the UCX
-// endpoint is reconnected with the address it sends and the epoch
-// increments (re-forming).
+// Peers are ids of a PeerTable (peer_table.h): the static --peers are
+// pinned with their node index as id (this node included); without --peers
+// this node is id 0. Each process start draws a random incarnation.
+// Static peers: a thread per peer sends Join until joined, then Heartbeat
+// every heartbeat_period. Run-time peers: one thread heartbeats each
+// referenced peer (asynchronously) every heartbeat_period. A peer not heard
+// from for suspect_after is SUSPECT, for down_after DOWN: the node abort
+// callbacks run (UNAVAILABLE naming it), its groups FAIL and its UCX
+// endpoint is closed. A new incarnation (a restart) aborts likewise.
 //
-// Thread-safety: all public methods are thread-safe. Callbacks run on the
+// Thread-safety: all public methods are thread-safe. Callbacks run on a
 // heartbeat thread or a gRPC thread, never under the Cluster's lock; they
 // must not block for long.
 #ifndef HSAP_SERVER_CLUSTER_CLUSTER_H_
 #define HSAP_SERVER_CLUSTER_CLUSTER_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "hsap/v1/peer.grpc.pb.h"
+#include "server/cluster/group_table.h"
+#include "server/cluster/peer_table.h"
 #include "server/cluster/plan_agreement.h"
 #include "server/transport/ucx_worker.h"
 
 namespace hsap::cluster {
 
 struct ClusterOptions {
-  // host:port of every node's TCP gRPC endpoint, in node order.
+  // host:port of every node's TCP gRPC endpoint, in node order: the static
+  // cluster (pinned peers). Empty: no static cluster; groups form at run
+  // time.
   std::vector<std::string> peers;
   int32_t node_rank = 0;
-  // Must agree across the cluster (checked at Join).
+  // This node's advertised address (what CallId.nodes names it by). With
+  // peers, must equal peers[node_rank] (empty: taken from there).
+  std::string advertise_address;
+  // Must agree across the static cluster (checked at Join).
   int32_t devices_per_node = 1;
   std::string version;
   absl::Duration heartbeat_period = absl::Milliseconds(200);
   absl::Duration suspect_after = absl::Milliseconds(600);
   absl::Duration down_after = absl::Seconds(1);
-  // Start() waits this long for every peer to join.
+  // Start() waits this long for every static peer to join.
   absl::Duration join_timeout = absl::Seconds(30);
-  // Deadline of one Join / Heartbeat / AgreePlan / AbortCall RPC.
+  // Deadline of one Join / Heartbeat / AgreePlan / AbortCall / JoinGroup RPC.
   absl::Duration rpc_timeout = absl::Milliseconds(500);
+  // Run-time peers at most (--max_peers), and how long one no live group
+  // or call references is kept (--peer_linger_ms) before its heartbeats
+  // stop and its UCX endpoint closes.
+  int32_t max_peers = 1024;
+  absl::Duration peer_linger = absl::Seconds(5);
+  // Multi-node groups at most (--max_call_groups).
+  int max_groups = 4096;
   // Shared token of the cluster's TCP endpoints (hsapd --token_file): sent
   // as `authorization: Bearer <token>` on every Peer RPC, and required on
   // every Peer RPC received (UNAUTHENTICATED otherwise). Empty: none.
   std::string token;
 };
 
-enum class NodeState { kJoining, kUp, kSuspect, kDown };
-const char* NodeStateName(NodeState state);
-
-// What the Cluster status service reports per node.
+// What the Cluster status service reports per peer.
 struct NodeStatus {
-  int32_t node_rank = 0;
+  int32_t node_rank = 0;  // the peer id (a static node's index)
   std::string address;
   NodeState state = NodeState::kJoining;
   // Since the last heartbeat or Join heard from it (zero for this node).
   absl::Duration heartbeat_age;
   uint64_t incarnation = 0;  // 0 until it joined
+  int32_t references = 0;
+  bool pinned = false;
+};
+
+struct GroupStatus {
+  std::string name;
+  GroupState state = GroupState::kForming;
+  uint64_t uid = 0;
+  std::vector<std::string> nodes;
 };
 
 class PeerServiceImpl;
@@ -96,7 +125,7 @@ class Cluster {
       std::function<void(const std::string& group, uint64_t call_seq, const absl::Status& reason)>;
 
   Cluster();
-  // Stops the heartbeat thread. REQUIRES: the gRPC server that serves
+  // Stops the heartbeat threads. REQUIRES: the gRPC server that serves
   // service() has been shut down (or is shut down before the next call).
   ~Cluster();
   Cluster(const Cluster&) = delete;
@@ -106,31 +135,57 @@ class Cluster {
   // Before Start() it answers UNAVAILABLE.
   grpc::Service* service();
 
-  // Joins every peer (retrying with backoff), exchanges UCX worker
-  // addresses and connects `worker`'s endpoints (worker may be null: no UCX
-  // data plane), then keeps heartbeating. Returns once every node is UP, or
-  // DEADLINE_EXCEEDED after join_timeout naming the nodes that did not join
-  // (the background thread keeps trying). INVALID_ARGUMENT for bad options.
-  // REQUIRES: called once; `worker` outlives the Cluster.
+  // With options.peers: joins every static peer (retrying with backoff),
+  // exchanges UCX worker addresses and connects `worker`'s endpoints
+  // (worker may be null: no UCX data plane), then keeps heartbeating;
+  // returns once every node is UP, or DEADLINE_EXCEEDED after join_timeout
+  // naming the nodes that did not join (the background threads keep
+  // trying). Without: returns at once (groups form at run time).
+  // INVALID_ARGUMENT for bad options. REQUIRES: called once; `worker`
+  // outlives the Cluster.
   absl::Status Start(const ClusterOptions& options, transport::UcxWorker* worker);
 
-  // Runs when a peer goes DOWN or restarts (new incarnation).
+  // Runs when a peer goes DOWN or restarts (new incarnation), with its id.
   void AddNodeAbortCallback(NodeAbortCallback callback);
   // Runs when a peer's AbortCall arrives (and for local AbortCall()).
   void AddCallAbortCallback(CallAbortCallback callback);
 
+  // A matched call of multi-node group `group` that declares `nodes`
+  // (validated advertised addresses, group node order) with this node at
+  // `node_index`: finds or adds the group's entry (FORMING; UP at once when
+  // every member is a static peer), references its peers (dialing only
+  // these addresses), and returns their ids in group node order, with one
+  // reference each for the call (ReleaseCallPeers gives them back). Errors
+  // of GroupTable::FindOrAdd and PeerTable::Reference (--max_peers).
+  absl::StatusOr<std::vector<int32_t>> AcquireGroup(const std::string& group,
+                                                    const std::vector<std::string>& nodes,
+                                                    int32_t node_index);
+  void ReleaseCallPeers(const std::vector<int32_t>& peers);
+  // Forms `group` (after AcquireGroup) unless it is UP: the root waits for
+  // every member's JoinGroup, a member sends JoinGroup to the root until it
+  // answers formed; both then connect UCX to each member (once per peer
+  // incarnation). Every local rank may call it; one drives, the others
+  // wait. Errors (the group is then FAILED): DEADLINE_EXCEEDED naming the
+  // members that did not join (or the root), UNAVAILABLE when the root is
+  // down, FAILED_PRECONDITION when the root refused (another member list,
+  // a failed group) or the group already failed.
+  absl::Status FormGroup(const std::string& group, absl::Time deadline);
+  // The call matcher released `group`: its entry goes, its peers lose a
+  // reference.
+  void ReleaseGroup(const std::string& group);
+
   // States this node's plan key for `call`, and the UCX communicator id
   // this node receives the call on (recv_comm < 1024, from its
   // CommIdAllocator), and waits until every other node of `members` (the
-  // group's nodes, by static index; empty = every node of the cluster)
-  // stated the same key. Returns the receive id of every node, by static
-  // node index (this node's is recv_comm; 0 for nodes outside `members`).
-  // Errors: `members` does not hold this node or holds an index outside the
-  // cluster (INVALID_ARGUMENT), a member stated another key
-  // (FAILED_PRECONDITION naming both), the call was aborted (its status), a
-  // member is down or restarted (UNAVAILABLE), a member answered an id >=
-  // 1024 (INTERNAL naming it), or the deadline passed (DEADLINE_EXCEEDED
-  // naming the members that have not confirmed).
+  // group's peer ids in group node order; empty = every static node in
+  // node order) stated the same key. Returns the receive id of each member,
+  // in that order (this node's is recv_comm).
+  // Errors: `members` does not hold this node or holds an unknown peer
+  // (INVALID_ARGUMENT), a member stated another key (FAILED_PRECONDITION
+  // naming both), the call was aborted (its status), a member is down or
+  // restarted (UNAVAILABLE), a member answered an id >= 1024 (INTERNAL
+  // naming it), or the deadline passed (DEADLINE_EXCEEDED naming the
+  // members that have not confirmed).
   absl::StatusOr<std::vector<uint32_t>> AgreePlan(const CallKey& call, const std::string& plan_key,
                                                   uint32_t recv_comm, absl::Time deadline,
                                                   const std::vector<int32_t>& members = {});
@@ -139,23 +194,30 @@ class Cluster {
   // agreement entry stays for peers that ask late (PlanAgreement::EndLocal).
   void EndCall(const std::string& group, uint64_t call_seq);
 
-  // Tells the other nodes of `members` (static indices; empty = every
+  // Tells the other nodes of `members` (peer ids; empty = every static
   // peer), best effort with one RPC deadline, and the local callbacks that
   // `group`/`call_seq` failed with `reason`.
   void AbortCall(const std::string& group, uint64_t call_seq, const absl::Status& reason,
                  const std::vector<int32_t>& members = {});
 
+  // Every peer this node references (static ones and run-time ones).
   std::vector<NodeStatus> NodeStates() const;
-  // Every node UP (and its UCX endpoint connected when there is a worker).
+  std::vector<GroupStatus> GroupStates() const;
+  // Groups by state (FORMING, UP, FAILED) and run-time peers by state
+  // (JOINING, UP, SUSPECT, DOWN): the metrics' gauges.
+  std::array<int, 3> GroupCounts() const;
+  std::array<int, 4> PeerCounts() const;
+  // Every static node UP (and its UCX endpoint connected when there is a
+  // worker); true without static peers once started.
   bool formed() const;
-  // Incremented each time the cluster re-forms after losing a node.
+  // Incremented each time the static cluster re-forms after losing a node.
   uint64_t epoch() const;
   uint64_t incarnation() const { return incarnation_; }
-  int32_t node_rank() const;
+  int32_t node_rank() const;  // this node's peer id
+  std::string self_address() const;
 
  private:
   friend class PeerServiceImpl;
-  struct Peer;
 
   // OK when `context` carries options.token (or there is none, or Start
   // has not run: the handlers then answer UNAVAILABLE).
@@ -165,23 +227,46 @@ class Cluster {
   grpc::Status OnHeartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
   grpc::Status OnAgreePlan(const v1::AgreePlanRequest& request, v1::AgreePlanResponse* response);
   grpc::Status OnAbortCall(const v1::AbortCallRequest& request);
-  // Per-call peer requests: node_rank another member, group non-empty and
-  // bounded (peer_validation.h).
-  absl::Status ValidateCallRequest(int32_t node_rank, const std::string& group) const;
+  grpc::Status OnJoinGroup(const v1::JoinGroupRequest& request, v1::JoinGroupResponse* response);
+  // The peer id of a per-call request's sender: by `address` (+ its
+  // incarnation) when set, else the static node_rank. NOT_FOUND for an
+  // address this node does not reference; INVALID_ARGUMENT naming the
+  // field for a bad node_rank / group.
+  absl::StatusOr<int32_t> SenderPeer(int32_t node_rank, const std::string& address,
+                                     uint64_t incarnation, const std::string& group) const;
   // The UCX address check of this node's worker (null without one).
   std::function<absl::Status(absl::string_view)> UcxCheck() const;
   // Records an abort (ours or a peer's) and runs the call-abort callbacks.
-  void ApplyAbort(const v1::AbortCallRequest& request);
+  void ApplyAbort(const v1::AbortCallRequest& request, const std::string& sender);
 
   void HeartbeatLoop();
   void TickPeer(int32_t node);
-  // A peer told us (Join request or response) its incarnation and UCX
-  // address: (re)connect, mark UP, run aborts for a restart.
+  // A static peer told us (Join request or response) its incarnation and
+  // UCX address: (re)connect, mark UP, run aborts for a restart.
   void PeerJoined(int32_t node, uint64_t incarnation, const std::string& ucx_address);
   void MarkDown(int32_t node, const absl::Status& reason);
   void RunNodeAbort(int32_t node, const absl::Status& reason);
   v1::JoinRequest MakeJoinRequest() const;
   bool FormedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PeerRecord& StaticPeer(int32_t node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Run-time peers (cluster_groups.cc).
+  // A run-time peer's incarnation and UCX address from a formation: a new
+  // incarnation (a restart) fails the groups that knew the old one and
+  // returns the abort to run (outside mu_); UCX connects once per
+  // incarnation (or when its endpoint failed). Pinned peers are left to
+  // the static protocol.
+  absl::Status LearnPeerLocked(int32_t peer, uint64_t incarnation, const std::string& ucx_address,
+                               absl::Status* restart) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status JoinRoot(const std::shared_ptr<GroupEntry>& group, absl::Time deadline);
+  void FailGroupLocked(GroupEntry& group, const absl::Status& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct HeartbeatCall;
+  void LivenessLoop();
+  void LivenessTick(grpc::CompletionQueue* cq, absl::flat_hash_set<HeartbeatCall*>* in_flight);
+  void OnRuntimeHeartbeat(int32_t peer, uint64_t incarnation, const grpc::Status& status,
+                          uint64_t answered_incarnation);
+  std::shared_ptr<v1::Peer::Stub> MakeStub(const std::string& address) const;
 
   const uint64_t incarnation_;
   std::unique_ptr<PeerServiceImpl> service_;
@@ -192,7 +277,11 @@ class Cluster {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   ClusterOptions options_ ABSL_GUARDED_BY(mu_);
   transport::UcxWorker* worker_ = nullptr;  // set once in Start
-  std::vector<std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+  int32_t num_static_ ABSL_GUARDED_BY(mu_) = 0;  // static nodes (ids 0..n-1)
+  int32_t self_ ABSL_GUARDED_BY(mu_) = 0;        // this node's peer id
+  PeerTable peers_ ABSL_GUARDED_BY(mu_);
+  GroupTable groups_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_group_uid_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<CallKey, absl::Status> aborted_calls_ ABSL_GUARDED_BY(mu_);
 
@@ -201,6 +290,7 @@ class Cluster {
   std::vector<CallAbortCallback> call_callbacks_ ABSL_GUARDED_BY(callbacks_mu_);
 
   std::thread heartbeat_thread_;
+  std::thread liveness_thread_;
 };
 
 }  // namespace hsap::cluster

@@ -28,4 +28,11 @@ grpc::Status PeerServiceImpl::AbortCall(grpc::ServerContext* context, const v1::
   return cluster_->OnAbortCall(*request);
 }
 
+grpc::Status PeerServiceImpl::JoinGroup(grpc::ServerContext* context,
+                                        const v1::JoinGroupRequest* request,
+                                        v1::JoinGroupResponse* response) {
+  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
+  return cluster_->OnJoinGroup(*request, response);
+}
+
 }  // namespace hsap::cluster

@@ -22,6 +22,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
                          v1::AgreePlanResponse* response) override;
   grpc::Status AbortCall(grpc::ServerContext*, const v1::AbortCallRequest* request,
                          v1::AbortCallResponse* response) override;
+  grpc::Status JoinGroup(grpc::ServerContext*, const v1::JoinGroupRequest* request,
+                         v1::JoinGroupResponse* response) override;
 
  private:
   Cluster* const cluster_;

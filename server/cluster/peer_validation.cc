@@ -138,4 +138,58 @@ absl::Status ValidateMemberNodes(absl::string_view group, const std::vector<int3
   return absl::OkStatus();
 }
 
+absl::Status ValidateJoinGroupRequest(const v1::JoinGroupRequest& r, const UcxAddressCheck& ucx) {
+  HSAP_RETURN_IF_ERROR(ValidateCallFields(r.group(), nullptr));
+  const int n = r.nodes_size();
+  if (n < 2 || n > kMaxGroupNodes) {
+    return Invalid("nodes", absl::StrCat("has ", n, " entries; a multi-node group has 2 to ",
+                                         kMaxGroupNodes));
+  }
+  for (int i = 0; i < n; ++i) {
+    HSAP_RETURN_IF_ERROR(ValidateNodeAddress(absl::StrCat("nodes[", i, "]"), r.nodes(i)));
+    for (int j = 0; j < i; ++j) {
+      if (r.nodes(j) == r.nodes(i)) {
+        return Invalid(absl::StrCat("nodes[", i, "]"),
+                       absl::StrCat("'", r.nodes(i), "' repeats nodes[", j, "]"));
+      }
+    }
+  }
+  if (r.node_index() < 1 || r.node_index() >= n) {
+    return Invalid("node_index", absl::StrCat("is ", r.node_index(), "; a member joining the "
+                                              "root is in [1, ", n, ")"));
+  }
+  if (r.address() != r.nodes(r.node_index())) {
+    return Invalid("address", absl::StrCat("is '", r.address().substr(0, 64), "' but nodes[",
+                                           r.node_index(), "] is '", r.nodes(r.node_index()),
+                                           "'"));
+  }
+  if (r.incarnation() == 0) return Invalid("incarnation", "is 0; a started node draws a non-zero one");
+  if (r.version().size() > kMaxPeerVersionBytes || !Printable(r.version())) {
+    return Invalid("version", absl::StrCat("must be 0 to ", kMaxPeerVersionBytes,
+                                           " printable ASCII characters"));
+  }
+  return CheckUcx(r.ucx_worker_address(), ucx);
+}
+
+absl::Status ValidateJoinGroupResponse(const v1::JoinGroupResponse& r,
+                                       const std::vector<std::string>& nodes,
+                                       const UcxAddressCheck& ucx) {
+  if (r.members_size() != static_cast<int>(nodes.size())) {
+    return Invalid("members", absl::StrCat("has ", r.members_size(), " entries; the group has ",
+                                           nodes.size(), " nodes"));
+  }
+  for (int i = 0; i < r.members_size(); ++i) {
+    const v1::GroupMember& m = r.members(i);
+    if (m.address() != nodes[i]) {
+      return Invalid(absl::StrCat("members[", i, "].address"),
+                     absl::StrCat("is '", m.address().substr(0, 64), "' but the group's node ", i,
+                                  " is '", nodes[i], "'"));
+    }
+    if (m.incarnation() == 0) return Invalid(absl::StrCat("members[", i, "].incarnation"), "is 0");
+    HSAP_RETURN_IF_ERROR(CheckUcx(m.ucx_worker_address(), ucx));
+  }
+  if (r.group_uid() == 0) return Invalid("group_uid", "is 0");
+  return absl::OkStatus();
+}
+
 }  // namespace hsap::cluster

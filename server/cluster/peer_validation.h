@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "hsap/v1/peer.pb.h"
+#include "server/cluster/node_address.h"
 
 namespace hsap::cluster {
 
@@ -55,6 +56,18 @@ absl::Status ValidateRecvCommId(uint32_t recv_comm_id);
 // INVALID_ARGUMENT naming `group`, the index or the list otherwise.
 absl::Status ValidateMemberNodes(absl::string_view group, const std::vector<int32_t>& members,
                                  int32_t num_nodes, int32_t self);
+
+// A JoinGroup from a member (every field, the UCX address included):
+// group named and bounded, 2 to kMaxGroupNodes valid distinct nodes,
+// node_index in [1, nodes), address == nodes[node_index], a non-zero
+// incarnation, bounded version.
+absl::Status ValidateJoinGroupRequest(const v1::JoinGroupRequest& request,
+                                      const UcxAddressCheck& ucx);
+// The root's formed answer to a JoinGroup for `nodes` (members in the same
+// order, each with a non-zero incarnation and a valid UCX address).
+absl::Status ValidateJoinGroupResponse(const v1::JoinGroupResponse& response,
+                                       const std::vector<std::string>& nodes,
+                                       const UcxAddressCheck& ucx);
 
 }  // namespace hsap::cluster
 

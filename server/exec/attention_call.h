@@ -31,11 +31,13 @@ struct BoundTensor {
 // accepts at most.
 struct ValidationLimits {
   int32_t max_group_size = 1;  // ranks this deployment can serve
-  // The static cluster (--peers, in node order; empty without one), this
-  // daemon's index in it and its device slots: what call.nodes is checked
-  // against.
+  // The static cluster (--peers, in node order; empty without one) and
+  // this daemon's index in it (the old rule for an empty call.nodes), its
+  // advertised address (--advertise_address; empty without TCP) and its
+  // device slots: what call.nodes is checked against.
   std::vector<std::string> peers;
   int32_t node_rank = 0;
+  std::string self_address;
   int32_t device_slots = 1;
   int64_t max_tokens = int64_t{1} << 31;
   int64_t max_slices = 1 << 22;
@@ -52,11 +54,10 @@ struct AttentionCall {
   int32_t rank = 0;
   int32_t group_size = 1;
   uint64_t call_seq = 0;
-  // The member nodes the call declared (call.nodes): their addresses in
-  // group node order and their static cluster indices, and this rank's
-  // place; both empty when it declared none (GroupTopology's rule).
+  // The member nodes the call declared (call.nodes): their advertised
+  // addresses in group node order and this rank's place; empty when it
+  // declared none (GroupTopology's rule).
   std::vector<std::string> member_addresses;
-  std::vector<int32_t> member_nodes;
   int32_t node_index = 0;
   // Options.
   plan::Strategy strategy = plan::Strategy::kAuto;

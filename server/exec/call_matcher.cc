@@ -30,7 +30,9 @@ void CallMatcher::MaybeRelease(const std::string& name, bool idle) {
     s->second.erase(name);
     if (s->second.empty()) groups_of_session_.erase(s);
   }
+  const std::string released = name;  // `name` may be the erased key
   groups_.erase(it);
+  if (limits_.on_release) limits_.on_release(released);
 }
 
 void CallMatcher::SweepIdle(bool force) {

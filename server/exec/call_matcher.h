@@ -66,7 +66,8 @@ struct CallArrival {
   // INVALID_ARGUMENT naming both lists.
   std::vector<std::string> members;
   // The static cluster indices of the group's nodes, in group node order
-  // (for the resource factory; derived from `members` or the old rule).
+  // (for the resource factory), when it declared no `members` (the old
+  // rule) or one node.
   std::vector<int32_t> member_nodes;
   // When set, polled while the rank waits for its group (every
   // kCancelPoll): true means this rank's client gave up (a cancelled gRPC
@@ -90,6 +91,9 @@ struct CallMatcherLimits {
   absl::Duration idle_timeout = absl::Minutes(10);      // --call_group_idle_s
   // Called with the flag name when a cap refuses an arrival.
   std::function<void(const char* flag)> on_refusal;
+  // Called with a group's name when it is released (under the matcher's
+  // lock: it must not call back into the matcher, nor block).
+  std::function<void(const std::string& group)> on_release;
 };
 
 class CallMatcher {

@@ -26,11 +26,13 @@ absl::StatusOr<plan::Topology> GroupTopology(int32_t group_size, int32_t num_nod
 absl::StatusOr<GroupLayout> LayoutForCall(const AttentionCall& call, int32_t num_nodes,
                                           int32_t devices_per_node, int32_t node_rank) {
   GroupLayout layout;
-  if (!call.member_nodes.empty()) {
-    const int32_t n = static_cast<int32_t>(call.member_nodes.size());
+  if (!call.member_addresses.empty()) {
+    const int32_t n = static_cast<int32_t>(call.member_addresses.size());
     layout.topology.num_nodes = n;
     layout.topology.devices_per_node = call.group_size / n;
-    layout.member_nodes = call.member_nodes;
+    // One node: this one; several: the peer layer resolves the addresses
+    // (Cluster::AcquireGroup) when the call is matched.
+    if (n == 1) layout.member_nodes = {node_rank};
     layout.node_index = call.node_index;
     return layout;
   }

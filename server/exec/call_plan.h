@@ -23,11 +23,13 @@ namespace hsap {
 absl::StatusOr<plan::Topology> GroupTopology(int32_t group_size, int32_t num_nodes,
                                             int32_t devices_per_node);
 
-// Where a call's group lives on the static cluster.
+// Where a call's group lives.
 struct GroupLayout {
   // nodes x ranks per node, for planning (rank r is on group node r / rpn).
   plan::Topology topology;
-  // Static cluster index of each group node, in group node order.
+  // Static cluster index of each group node, in group node order; empty for
+  // a multi-node group declared by call.nodes (its peers are resolved by
+  // address when the call is matched).
   std::vector<int32_t> member_nodes;
   // This daemon's group node; it serves ranks [node_index * rpn, + rpn).
   int32_t node_index = 0;
@@ -36,7 +38,7 @@ struct GroupLayout {
 
 // The layout of `call` on this daemon (node `node_rank` of a `num_nodes`
 // static cluster with `devices_per_node` slots): the declared member nodes
-// (call.member_nodes, already validated: ResolveCallNodes), or without
+// (call.member_addresses, already validated: ResolveCallNodes), or without
 // them GroupTopology's rule (one node, or every node of the cluster).
 // INVALID_ARGUMENT as GroupTopology, or naming call.rank when the old rule
 // puts the rank on another node.

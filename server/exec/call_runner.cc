@@ -19,6 +19,7 @@ struct CallTransports : GroupResources {
   // receive comm id.
   ~CallTransports() override {
     if (cluster != nullptr) cluster->EndCall(group, call_seq);
+    if (peers_cluster != nullptr) peers_cluster->ReleaseCallPeers(nodes);
   }
 
   std::unique_ptr<transport::InProcessFabric> fabric;                // one-node groups
@@ -27,9 +28,15 @@ struct CallTransports : GroupResources {
   transport::CommIdAllocator::Lease recv_comm;
   std::vector<std::unique_ptr<transport::UcxTransport>> ucx;          // by local index
   int32_t first_local_rank = 0;
-  std::vector<int32_t> nodes;  // the group's member nodes (its failure domain)
+  // The group's member nodes, by peer id in group node order (its failure
+  // domain).
+  std::vector<int32_t> nodes;
   absl::Status setup;  // why the transports could not be made, if so
   cluster::Cluster* cluster = nullptr;  // multi-node calls
+  // Set when `nodes` hold one reference each for this call
+  // (Cluster::AcquireGroup), given back at the end.
+  cluster::Cluster* peers_cluster = nullptr;
+  bool declared = false;  // a group declared by call.nodes (formed at run time)
   std::string group;
   uint64_t call_seq = 0;
 
@@ -99,7 +106,8 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
   return [options](const CallArrival& a) {
     auto r = std::make_shared<CallTransports>();
     const int32_t group_size = a.group_size;
-    const int32_t num_nodes = static_cast<int32_t>(a.member_nodes.size());
+    const int32_t num_nodes = static_cast<int32_t>(
+        a.members.size() > 1 ? a.members.size() : a.member_nodes.size());
     r->nodes = a.member_nodes;
     if (num_nodes < 1 || group_size % num_nodes != 0 || a.local_ranks.empty()) {
       r->setup = absl::InternalError(absl::StrCat("call ", a.call_seq, " of group '", a.group,
@@ -112,10 +120,24 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
       } else {
         r->setup = fabric.status();
       }
-    } else if (options.ucx == nullptr || options.comm_ids == nullptr) {
+    } else if (options.ucx == nullptr || options.comm_ids == nullptr ||
+               options.cluster == nullptr) {
       r->setup = absl::FailedPreconditionError(
-          "the group spans several nodes but this daemon has no UCX data plane (--peers)");
+          "the group spans several nodes but this daemon has no UCX data plane (--port 0)");
     } else {
+      if (a.members.size() > 1) {
+        // Declared by its members: its peers by address (the group's entry
+        // and one reference each for this call).
+        const int32_t rpn = group_size / num_nodes;
+        auto peers = options.cluster->AcquireGroup(a.group, a.members, a.local_ranks.front() / rpn);
+        if (!peers.ok()) {
+          r->setup = peers.status();
+          return r;
+        }
+        r->nodes = std::move(peers).value();
+        r->peers_cluster = options.cluster;
+        r->declared = true;
+      }
       // This node's receive id, unique among the calls alive on its worker
       // and fresh per call (a failed call's strays cannot match the next
       // call's receives); the other nodes learn it in the plan agreement,
@@ -131,12 +153,10 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
       r->call_seq = a.call_seq;
       transport::UcxTransportOptions o;
       o.recv_comm_id = r->recv_comm.id();
-      // Rank r is on group node r / rpn, whose UCX endpoint is that of its
-      // static cluster node.
+      // Rank r is on group node r / rpn, whose UCX endpoint is its peer's.
       const int32_t rpn = group_size / num_nodes;
-      for (int32_t rank = 0; rank < group_size; ++rank) {
-        o.node_of_rank.push_back(a.member_nodes[rank / rpn]);
-      }
+      for (int32_t rank = 0; rank < group_size; ++rank) o.node_of_rank.push_back(rank / rpn);
+      o.endpoint_of_node = r->nodes;
       r->first_local_rank = a.local_ranks.front();
       for (int32_t rank : a.local_ranks) {
         if (!r->setup.ok()) break;
@@ -156,10 +176,13 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
 namespace {
 
 // The key the member nodes agree on: the plan and the member list (nodes
-// that disagree on the members run different groups under one name), the
-// list hashed when it would not fit a peer request's key.
-std::string NodeAgreementKey(const std::string& plan_key, const std::vector<int32_t>& members) {
-  std::string list = absl::StrJoin(members, ",");
+// that disagree on the members run different groups under one name: their
+// addresses, or the static indices of the old rule), the list hashed when
+// it would not fit a peer request's key.
+std::string NodeAgreementKey(const std::string& plan_key, const std::vector<std::string>& addresses,
+                             const std::vector<int32_t>& members) {
+  std::string list =
+      addresses.empty() ? absl::StrJoin(members, ",") : absl::StrJoin(addresses, ",");
   if (plan_key.size() + list.size() + 7 > 256) {
     uint64_t h = 1469598103934665603ull;  // FNV-1a
     for (unsigned char c : list) h = (h ^ c) * 1099511628211ull;
@@ -204,15 +227,24 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
   auto resources = std::static_pointer_cast<CallTransports>((*matched)->resources);
   if (resources == nullptr) return absl::InternalError("the call has no transports");
   if (!resources->setup.ok()) return resources->setup;
+  if (multi_node && options.cluster == nullptr) {
+    return absl::FailedPreconditionError("the group spans several nodes but no cluster is set");
+  }
+  if (resources->declared) {
+    // The group's first call here forms it (JoinGroup with its root); the
+    // later ones find it UP, or FAILED.
+    absl::Status formed = options.cluster->FormGroup(call.group, deadline);
+    if (!formed.ok()) {
+      resources->Abort(formed);
+      return formed;
+    }
+  }
   ActiveCallScope scope(active_, CallName(call.group, call.call_seq), resources);
   if (multi_node) {
-    if (options.cluster == nullptr) {
-      return absl::FailedPreconditionError("the group spans several nodes but no cluster is set");
-    }
-    auto recv_comm_of_node =
-        options.cluster->AgreePlan({call.group, call.call_seq, call.backward},
-                                   NodeAgreementKey(outcome->plan_key, layout->member_nodes),
-                                   resources->recv_comm.id(), deadline, layout->member_nodes);
+    auto recv_comm_of_node = options.cluster->AgreePlan(
+        {call.group, call.call_seq, call.backward},
+        NodeAgreementKey(outcome->plan_key, call.member_addresses, layout->member_nodes),
+        resources->recv_comm.id(), deadline, resources->nodes);
     absl::Status agreed = recv_comm_of_node.status();
     transport::UcxTransport* ucx = resources->ucx_endpoint(call.rank);
     if (agreed.ok() && ucx == nullptr) {
@@ -255,7 +287,7 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
   if (!st.ok()) {
     // Take the call down everywhere at once rather than at the deadline.
     resources->Abort(st);
-    if (multi_node) options.cluster->AbortCall(call.group, call.call_seq, st, layout->member_nodes);
+    if (multi_node) options.cluster->AbortCall(call.group, call.call_seq, st, resources->nodes);
   }
   return st;
 }

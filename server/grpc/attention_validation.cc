@@ -73,6 +73,10 @@ absl::StatusOr<BoundTensor> Bind(const TensorRef& ref, absl::string_view field, 
   return t;
 }
 
+// Ranks of a group that names its nodes at most: the UCX tag's rank bits
+// (transport/ucx_tag.h kMaxRanks).
+constexpr int64_t kMaxDeclaredGroupRanks = 4096;
+
 absl::Status CheckCallId(const hsap::v1::CallId& id, const ValidationLimits& limits) {
   if (id.group().empty() || id.group().size() > 128) {
     return absl::InvalidArgumentError(absl::StrCat("call.group has ", id.group().size(),
@@ -90,10 +94,14 @@ absl::Status CheckCallId(const hsap::v1::CallId& id, const ValidationLimits& lim
   if (id.call_seq() == 0) {
     return absl::InvalidArgumentError("call.call_seq is 0; sequences start at 1");
   }
-  if (id.group_size() > limits.max_group_size) {
+  // A group that names its nodes is bounded by its nodes x this daemon's
+  // slots (ResolveCallNodes) and the data plane's rank bits.
+  const int64_t max_size = id.nodes().empty() ? limits.max_group_size : kMaxDeclaredGroupRanks;
+  if (id.group_size() > max_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "call.group_size is ", id.group_size(), " but this daemon serves groups of at most ",
-        limits.max_group_size, " rank(s) (its cluster's nodes x device slots)"));
+        max_size, id.nodes().empty() ? " rank(s) (its cluster's nodes x device slots)"
+                                     : " rank(s) (a group declared by call.nodes)"));
   }
   return absl::OkStatus();
 }

@@ -1,18 +1,17 @@
 #include "server/grpc/call_nodes.h"
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "server/cluster/node_address.h"
 
 namespace hsap {
 
 absl::Status ResolveCallNodes(const hsap::v1::CallId& id, const ValidationLimits& limits,
                               AttentionCall* call) {
   call->member_addresses.clear();
-  call->member_nodes.clear();
   call->node_index = 0;
   if (id.nodes().empty()) {
     if (id.node_index() != 0) {
@@ -22,27 +21,13 @@ absl::Status ResolveCallNodes(const hsap::v1::CallId& id, const ValidationLimits
     return absl::OkStatus();
   }
   const int64_t n = id.nodes_size();
-  if (limits.peers.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "call.nodes names ", n, " node(s) but this daemon was started without --peers (groups "
-        "declared by their members need the static cluster, for now)"));
+  if (n > cluster::kMaxGroupNodes) {
+    return absl::InvalidArgumentError(absl::StrCat("call.nodes has ", n, " entries; at most ",
+                                                   cluster::kMaxGroupNodes));
   }
-  const int64_t cluster = static_cast<int64_t>(limits.peers.size());
-  if (n > cluster) {
-    return absl::InvalidArgumentError(absl::StrCat("call.nodes has ", n,
-                                                   " entries but the static cluster (--peers) has ",
-                                                   cluster, " node(s)"));
-  }
-  std::vector<int32_t> nodes;
   for (int64_t i = 0; i < n; ++i) {
     const std::string& address = id.nodes(i);
-    auto it = std::find(limits.peers.begin(), limits.peers.end(), address);
-    if (it == limits.peers.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "call.nodes[", i, "] is '", address.substr(0, 256),
-          "', which is not a node of the static cluster (--peers: ",
-          absl::StrJoin(limits.peers, ", "), ")"));
-    }
+    HSAP_RETURN_IF_ERROR(cluster::ValidateNodeAddress(absl::StrCat("call.nodes[", i, "]"), address));
     for (int64_t j = 0; j < i; ++j) {
       if (id.nodes(j) == address) {
         return absl::InvalidArgumentError(absl::StrCat("call.nodes[", i, "] '", address,
@@ -50,7 +35,6 @@ absl::Status ResolveCallNodes(const hsap::v1::CallId& id, const ValidationLimits
                                                        "]; each node appears once"));
       }
     }
-    nodes.push_back(static_cast<int32_t>(it - limits.peers.begin()));
   }
   if (id.group_size() % n != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -68,11 +52,16 @@ absl::Status ResolveCallNodes(const hsap::v1::CallId& id, const ValidationLimits
                                                    "; it must be in [0, ", n,
                                                    ") (call.nodes has ", n, " entries)"));
   }
-  if (nodes[id.node_index()] != limits.node_rank) {
+  if (limits.self_address.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "call.nodes names ", n, " node(s) but this daemon has no TCP address (started with "
+        "--port 0): a daemon named in call.nodes serves peers over TCP"));
+  }
+  if (id.nodes(id.node_index()) != limits.self_address) {
     return absl::InvalidArgumentError(absl::StrCat(
         "call.nodes[", id.node_index(), "] (call.node_index) is '", id.nodes(id.node_index()),
-        "' but this daemon is '", limits.peers[limits.node_rank], "' (node ", limits.node_rank,
-        " of --peers)"));
+        "' but this daemon's advertised address is '", limits.self_address,
+        "' (--advertise_address; GetClusterStatus self_address)"));
   }
   if (id.rank() / rpn != id.node_index()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -81,7 +70,6 @@ absl::Status ResolveCallNodes(const hsap::v1::CallId& id, const ValidationLimits
         ", ", (id.node_index() + 1) * rpn, ")"));
   }
   call->member_addresses.assign(id.nodes().begin(), id.nodes().end());
-  call->member_nodes = std::move(nodes);
   call->node_index = id.node_index();
   return absl::OkStatus();
 }

@@ -1,5 +1,6 @@
 // The member nodes a call declares (hsap.v1.CallId.nodes / node_index),
-// checked against this daemon's static cluster (--peers) at the entry point.
+// checked at the entry point against this daemon's advertised address and
+// device slots.
 //
 // A group declared by its members has rpn = group_size / nodes_size ranks on
 // each of its nodes, node-major: rank r is on group node r / rpn. Each
@@ -15,15 +16,17 @@
 
 namespace hsap {
 
-// Fills call->member_addresses, member_nodes (static indices) and
-// node_index from `id` (left empty when id.nodes is empty). REQUIRES:
-// id.group_size >= 1 and id.rank in [0, group_size) (CheckCallId).
-// INVALID_ARGUMENT naming the field and values for: more nodes than the
-// static cluster has, a duplicate address, group_size not a multiple of
-// nodes_size, more ranks per node than this daemon's device slots,
-// node_index out of range, nodes[node_index] not this daemon's own --peers
-// entry, rank / rpn != node_index. FAILED_PRECONDITION naming it for an
-// address that is not in --peers (or a daemon with no --peers).
+// Fills call->member_addresses and node_index from `id` (left empty when
+// id.nodes is empty). REQUIRES: id.group_size >= 1 and id.rank in
+// [0, group_size) (CheckCallId). INVALID_ARGUMENT naming the field and
+// values for: more than cluster::kMaxGroupNodes nodes, an address that is
+// not <host>:<port> (cluster::ValidateNodeAddress), a duplicate address,
+// group_size not a multiple of nodes_size, more ranks per node than this
+// daemon's device slots, node_index out of range, nodes[node_index] not
+// this daemon's advertised address (both named), rank / rpn != node_index.
+// FAILED_PRECONDITION for a daemon without TCP (nothing to advertise).
+// The other addresses need not be in --peers: their daemons are run-time
+// peers (the group forms at its first call).
 absl::Status ResolveCallNodes(const hsap::v1::CallId& id, const ValidationLimits& limits,
                               AttentionCall* call);
 

@@ -12,12 +12,12 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// Node 1 of a 3-node static cluster with 2 device slots.
+// A daemon advertised as 127.0.0.1:7001 with 2 device slots and no static
+// cluster (the addresses of a call need not be in --peers).
 ValidationLimits Limits() {
   ValidationLimits l;
-  l.max_group_size = 6;
-  l.peers = {"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"};
-  l.node_rank = 1;
+  l.max_group_size = 2;
+  l.self_address = "127.0.0.1:7001";
   l.device_slots = 2;
   return l;
 }
@@ -39,26 +39,20 @@ absl::Status Resolve(const hsap::v1::CallId& id, const ValidationLimits& limits 
   return ResolveCallNodes(id, limits, &call);
 }
 
-TEST(CallNodesTest, ResolvesMembersToStaticIndicesInGroupOrder) {
+TEST(CallNodesTest, KeepsTheMembersInGroupOrder) {
   AttentionCall call;
-  // Group node 0 is static node 2, group node 1 is this daemon (static 1).
-  ASSERT_TRUE(ResolveCallNodes(Id({"127.0.0.1:7002", "127.0.0.1:7001"}, 1, 3, 4), Limits(), &call)
+  // Group node 0 is another daemon (a run-time peer), group node 1 this one.
+  ASSERT_TRUE(ResolveCallNodes(Id({"10.0.0.9:7002", "127.0.0.1:7001"}, 1, 3, 4), Limits(), &call)
                   .ok());
-  EXPECT_THAT(call.member_nodes, ElementsAre(2, 1));
-  EXPECT_THAT(call.member_addresses, ElementsAre("127.0.0.1:7002", "127.0.0.1:7001"));
+  EXPECT_THAT(call.member_addresses, ElementsAre("10.0.0.9:7002", "127.0.0.1:7001"));
   EXPECT_EQ(call.node_index, 1);
 }
 
 TEST(CallNodesTest, EmptyNodesKeepsTheOldRule) {
   AttentionCall call;
-  call.member_nodes = {7};
-  ASSERT_TRUE(ResolveCallNodes(Id({}, 0, 5, 6), Limits(), &call).ok());
-  EXPECT_TRUE(call.member_nodes.empty());
+  call.member_addresses = {"x:1"};
+  ASSERT_TRUE(ResolveCallNodes(Id({}, 0, 1, 2), Limits(), &call).ok());
   EXPECT_TRUE(call.member_addresses.empty());
-  // ... and without --peers.
-  ValidationLimits alone;
-  alone.device_slots = 2;
-  EXPECT_TRUE(Resolve(Id({}, 0, 1, 2), alone).ok());
   absl::Status st = Resolve(Id({}, 1, 1, 2));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(st.message(), HasSubstr("call.node_index is 1 but call.nodes is empty"));
@@ -72,12 +66,20 @@ TEST(CallNodesTest, RefusesEachMistakeNamingTheField) {
   };
   const std::string a = "127.0.0.1:7000", b = "127.0.0.1:7001", c = "127.0.0.1:7002";
   const std::vector<Case> cases = {
-      {Id({a, b, c, "127.0.0.1:7003"}, 1, 1, 4), absl::StatusCode::kInvalidArgument,
-       "call.nodes has 4 entries but the static cluster (--peers) has 3 node(s)"},
       {Id({b, b}, 0, 0, 2), absl::StatusCode::kInvalidArgument,
        "call.nodes[1] '127.0.0.1:7001' is the same node as call.nodes[0]"},
-      {Id({b, "localhost:7001"}, 0, 0, 2), absl::StatusCode::kFailedPrecondition,
-       "call.nodes[1] is 'localhost:7001', which is not a node of the static cluster"},
+      {Id({b, "127.0.0.1"}, 0, 0, 2), absl::StatusCode::kInvalidArgument,
+       "call.nodes[1] is '127.0.0.1': has no host:port"},
+      {Id({b, "h:0"}, 0, 0, 2), absl::StatusCode::kInvalidArgument,
+       "call.nodes[1] is 'h:0': has a port outside 1..65535"},
+      {Id({b, "h:70000"}, 0, 0, 2), absl::StatusCode::kInvalidArgument,
+       "call.nodes[1] is 'h:70000': has a port outside 1..65535"},
+      {Id({b, "h x:1"}, 0, 0, 2), absl::StatusCode::kInvalidArgument,
+       "call.nodes[1] is 'h x:1': holds a space"},
+      {Id({b, ":7000"}, 0, 0, 2), absl::StatusCode::kInvalidArgument,
+       "call.nodes[1] is ':7000': has no host:port"},
+      {Id({b, std::string(300, 'h') + ":1"}, 0, 0, 2), absl::StatusCode::kInvalidArgument,
+       "call.nodes[1] is 'hhhh"},
       {Id({a, b}, 1, 2, 3), absl::StatusCode::kInvalidArgument,
        "call.group_size is 3 but call.nodes has 2 entries"},
       {Id({a, b}, 1, 3, 6), absl::StatusCode::kInvalidArgument,
@@ -86,9 +88,13 @@ TEST(CallNodesTest, RefusesEachMistakeNamingTheField) {
        "call.node_index is 2; it must be in [0, 2)"},
       {Id({a, b}, -1, 1, 2), absl::StatusCode::kInvalidArgument,
        "call.node_index is -1; it must be in [0, 2)"},
+      // Byte for byte: localhost is not 127.0.0.1.
+      {Id({a, "localhost:7001"}, 1, 1, 2), absl::StatusCode::kInvalidArgument,
+       "call.nodes[1] (call.node_index) is 'localhost:7001' but this daemon's advertised "
+       "address is '127.0.0.1:7001'"},
       {Id({a, c}, 1, 1, 2), absl::StatusCode::kInvalidArgument,
-       "call.nodes[1] (call.node_index) is '127.0.0.1:7002' but this daemon is "
-       "'127.0.0.1:7001' (node 1 of --peers)"},
+       "call.nodes[1] (call.node_index) is '127.0.0.1:7002' but this daemon's advertised "
+       "address is '127.0.0.1:7001'"},
       {Id({a, b}, 1, 1, 4), absl::StatusCode::kInvalidArgument,
        "call.rank is 1 but call.node_index is 1: with 2 rank(s) per node, node 1 holds ranks "
        "[2, 4)"},
@@ -100,13 +106,21 @@ TEST(CallNodesTest, RefusesEachMistakeNamingTheField) {
   }
 }
 
-TEST(CallNodesTest, NodesWithoutStaticClusterAreRefused) {
+TEST(CallNodesTest, TooManyNodesAreRefused) {
+  std::vector<std::string> nodes;
+  for (int i = 0; i < 4097; ++i) nodes.push_back("h:" + std::to_string(i + 1));
+  const absl::Status st = Resolve(Id(nodes, 0, 0, 4097));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("call.nodes has 4097 entries; at most 4096"));
+}
+
+TEST(CallNodesTest, NodesWithoutTcpAreRefused) {
   ValidationLimits alone;
   alone.device_slots = 2;
   const absl::Status st = Resolve(Id({"127.0.0.1:7000"}, 0, 0, 1), alone);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(st.message(), HasSubstr("call.nodes names 1 node(s) but this daemon was started "
-                                      "without --peers"));
+  EXPECT_THAT(st.message(), HasSubstr("call.nodes names 1 node(s) but this daemon has no TCP "
+                                      "address (started with --port 0)"));
 }
 
 }  // namespace

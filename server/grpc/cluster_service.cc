@@ -51,13 +51,24 @@ grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext* context,
     fill_self(node);
     return grpc::Status::OK;
   }
+  response->set_self_address(c->self_address());
   for (const cluster::NodeStatus& s : c->NodeStates()) {
     auto* node = response->add_nodes();
     node->set_node_rank(s.node_rank);
     node->set_address(s.address);
     node->set_state(ToProto(s.state));
     node->set_heartbeat_age_seconds(absl::ToDoubleSeconds(s.heartbeat_age));
+    node->set_references(s.references);
+    node->set_pinned(s.pinned);
+    node->set_incarnation(s.incarnation);
     if (s.node_rank == self) fill_self(node);
+  }
+  for (const cluster::GroupStatus& g : c->GroupStates()) {
+    auto* group = response->add_groups();
+    group->set_name(g.name);
+    group->set_state(cluster::GroupStateName(g.state));
+    group->set_uid(g.uid);
+    for (const std::string& n : g.nodes) group->add_nodes(n);
   }
   return grpc::Status::OK;
 }

@@ -76,6 +76,19 @@ HsapMetrics::HsapMetrics(Registry* registry, HsapMetricsOptions options)
     limit_values_[i] = &limits.Add({{"limit", std::string(kLimitLabels[i])}});
     limit_refusals_[i] = &refusals.Add({{"limit", std::string(kLimitLabels[i])}});
   }
+  Family<Gauge>& groups = BuildGauge()
+                              .Name("hsap_groups")
+                              .Help("Multi-node groups this daemon takes part in, by state.")
+                              .Register(*registry);
+  const char* group_states[] = {"FORMING", "UP", "FAILED"};
+  for (int i = 0; i < 3; ++i) groups_by_state_[i] = &groups.Add({{"state", group_states[i]}});
+  Family<Gauge>& peers = BuildGauge()
+                             .Name("hsap_peers")
+                             .Help("Run-time peers (members of this daemon's groups, not "
+                                   "--peers) this daemon references, by state.")
+                             .Register(*registry);
+  const char* peer_states[] = {"JOINING", "UP", "SUSPECT", "DOWN"};
+  for (int i = 0; i < 4; ++i) peers_by_state_[i] = &peers.Add({{"state", peer_states[i]}});
   Family<Histogram>& duration = BuildHistogram()
                                     .Name("hsap_call_duration_seconds")
                                     .Help("Attention call latency, from arrival to reply.")
@@ -203,5 +216,10 @@ bool HsapMetrics::RecordLimitRefusal(absl::string_view limit) {
 void HsapMetrics::SetRegionMappings(int64_t count) { region_mappings_.Set(count); }
 
 void HsapMetrics::SetCallGroups(int64_t count) { call_groups_.Set(count); }
+
+void HsapMetrics::SetPeerLayer(const std::array<int, 3>& groups, const std::array<int, 4>& peers) {
+  for (int i = 0; i < 3; ++i) groups_by_state_[i]->Set(groups[i]);
+  for (int i = 0; i < 4; ++i) peers_by_state_[i]->Set(peers[i]);
+}
 
 }  // namespace hsap::metrics

@@ -76,7 +76,7 @@ absl::Status UcxPendingExchange::PostLocked(bool send, int32_t peer, void* data,
   UcxOp op;
   op.send = send;
   op.peer = peer;
-  op.node = transport_->NodeOf(peer);
+  op.node = transport_->EndpointOf(transport_->NodeOf(peer));
   op.bytes = bytes;
   UcxWorker* worker = transport_->worker_;
   ucp_request_param_t params = {};
@@ -281,6 +281,15 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(UcxWorker* wo
     if (options.node_of_rank[r] < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("node_of_rank[", r, "] = ", options.node_of_rank[r], " is negative"));
+    }
+  }
+  if (!options.endpoint_of_node.empty()) {
+    for (int64_t r = 0; r < size; ++r) {
+      if (options.node_of_rank[r] >= static_cast<int64_t>(options.endpoint_of_node.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "endpoint_of_node has ", options.endpoint_of_node.size(), " entries but rank ", r,
+            " lives on node ", options.node_of_rank[r]));
+      }
     }
   }
   if (!options.send_comm_of_node.empty()) {

@@ -76,9 +76,12 @@ struct UcxTransportOptions {
   std::vector<uint32_t> send_comm_of_node;
   // This endpoint's rank in the group.
   int32_t rank = 0;
-  // node_of_rank[r]: the node whose daemon hosts rank r (the UcxWorker
-  // endpoint used to reach it). Its size is the group size.
+  // node_of_rank[r]: the node whose daemon hosts rank r (an index of
+  // send_comm_of_node). Its size is the group size.
   std::vector<int32_t> node_of_rank;
+  // endpoint_of_node[n]: the UcxWorker endpoint (its key, a peer id) that
+  // reaches node n. Empty: node n's endpoint is n.
+  std::vector<int32_t> endpoint_of_node;
 };
 
 class UcxTransport final : public Transport {
@@ -124,6 +127,10 @@ class UcxTransport final : public Transport {
   friend class UcxPendingExchange;
   UcxTransport(UcxWorker* worker, UcxTransportOptions options);
   int32_t NodeOf(int32_t peer) const { return options_.node_of_rank[peer]; }
+  // The worker endpoint that reaches group node `node`.
+  int32_t EndpointOf(int32_t node) const {
+    return options_.endpoint_of_node.empty() ? node : options_.endpoint_of_node[node];
+  }
   void Count(bool send, int32_t peer, int64_t bytes);
   // The checks of SetSendComms (and Create) on a table.
   static absl::Status ValidateSendComms(const UcxTransportOptions& options,

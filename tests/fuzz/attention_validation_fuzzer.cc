@@ -286,17 +286,15 @@ void CheckCall(const AttentionCall& call, const ValidationLimits& limits) {
   FUZZ_CHECK(call.group_size >= 1 && call.group_size <= limits.max_group_size);
   FUZZ_CHECK(call.rank >= 0 && call.rank < call.group_size && call.call_seq > 0);
   FUZZ_CHECK(!call.group.empty() && call.group.size() <= 128);
-  if (!call.member_nodes.empty()) {
-    const int32_t n = static_cast<int32_t>(call.member_nodes.size());
-    FUZZ_CHECK(call.member_addresses.size() == call.member_nodes.size());
-    FUZZ_CHECK(n <= static_cast<int32_t>(limits.peers.size()) && call.group_size % n == 0);
+  if (!call.member_addresses.empty()) {
+    const int32_t n = static_cast<int32_t>(call.member_addresses.size());
+    FUZZ_CHECK(call.group_size % n == 0);
     const int32_t rpn = call.group_size / n;
     FUZZ_CHECK(rpn <= limits.device_slots && call.node_index >= 0 && call.node_index < n);
-    FUZZ_CHECK(call.member_nodes[call.node_index] == limits.node_rank);
+    FUZZ_CHECK(call.member_addresses[call.node_index] == limits.self_address);
     FUZZ_CHECK(call.rank / rpn == call.node_index);
     for (int32_t i = 0; i < n; ++i) {
-      FUZZ_CHECK(limits.peers[call.member_nodes[i]] == call.member_addresses[i]);
-      for (int32_t j = 0; j < i; ++j) FUZZ_CHECK(call.member_nodes[i] != call.member_nodes[j]);
+      for (int32_t j = 0; j < i; ++j) FUZZ_CHECK(call.member_addresses[i] != call.member_addresses[j]);
     }
   }
   for (const MaskSlice& s : call.slices) FUZZ_CHECK(SliceArea(s) >= 0);
@@ -358,6 +356,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (in.ConsumeBool()) {  // node node_rank of a 3-node static cluster
     limits.peers = {"h:1", "h:2", "h:3"};
     limits.node_rank = in.ConsumeIntegralInRange<int32_t>(0, 2);
+    limits.self_address = limits.peers[limits.node_rank];
     limits.device_slots = in.ConsumeIntegralInRange<int32_t>(1, 4);
   }
   if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {

@@ -42,7 +42,9 @@ PROTO=$(cd "$OUT/gen" && find hsap -name '*.pb.cc' | sed "s|^|$OUT/gen/|")
 SHM="server/shm/region.cc server/shm/region_registry.cc server/shm/sigbus_guard.cc"
 SESSIONS="$SHM server/shm/session_manager.cc server/shm/session_socket.cc"
 PLAN=$(ls server/plan/*.cc | grep -v _test.cc)
-CLUSTER="server/cluster/cluster.cc server/cluster/peer_service.cc server/cluster/plan_agreement.cc
+CLUSTER="server/cluster/cluster.cc server/cluster/cluster_calls.cc server/cluster/cluster_groups.cc
+         server/cluster/peer_table.cc server/cluster/group_table.cc server/cluster/node_address.cc
+         server/cluster/peer_service.cc server/cluster/plan_agreement.cc
          server/cluster/peer_validation.cc server/transport/ucx_address.cc
          server/transport/ucx_worker.cc server/transport/ucx_status.cc
          $(ls common/auth_token.cc 2>/dev/null)"  # peer tokens (//common:auth_token)
@@ -50,7 +52,7 @@ METRICS=$(ls server/metrics/*.cc | grep -v _test.cc | grep -v hsap_metrics)
 
 declare -A SOURCES=(
   [mask_fuzzer]="$COMMON"
-  [attention_validation_fuzzer]="$COMMON $PROTO $SHM $PLAN common/thread_pool.cc server/grpc/attention_validation.cc server/grpc/call_nodes.cc"
+  [attention_validation_fuzzer]="$COMMON $PROTO $SHM $PLAN common/thread_pool.cc server/grpc/attention_validation.cc server/grpc/call_nodes.cc server/cluster/node_address.cc"
   [register_region_fuzzer]="$COMMON $PROTO $SHM"
   [plan_spec_fuzzer]="$COMMON $PROTO $PLAN"
   [plan_compiler_fuzzer]="$COMMON $PROTO $PLAN"

@@ -1,9 +1,9 @@
 // Fuzzes the peer protocol (hsap.v1.Peer, server/cluster/): arbitrary
-// JoinRequest / HeartbeatRequest / AgreePlanRequest / AbortCallRequest
-// bytes go to the handlers of a started 3-node Cluster (node 0; nodes 1 and
+// JoinRequest / HeartbeatRequest / AgreePlanRequest / AbortCallRequest /
+// JoinGroupRequest (first byte 12) bytes go to the handlers of a started 3-node Cluster (node 0; nodes 1 and
 // 2 are unreachable addresses, so its heartbeat thread keeps timing them out
 // concurrently) and of a Cluster never started, through the PeerServiceImpl
-// the gRPC server would call. A first byte >= 4 instead runs a sequence of
+// the gRPC server would call. A first byte >= 13 instead runs a sequence of
 // SetLocal / OnRemote on a PlanAgreement against a reference model.
 //
 // Properties: no crash or sanitizer report; a Join is accepted iff it names
@@ -90,6 +90,56 @@ bool Printable(const std::string& s) {
     if (c < 0x20 || c > 0x7e) return false;
   }
   return true;
+}
+
+// node_address.h's rule, modelled: <host>:<port>, no space, port 1..65535.
+bool ValidAddress(const std::string& a) {
+  if (a.size() < 3 || a.size() > 255) return false;
+  for (char c : a) {
+    if (c <= 0x20 || c > 0x7e) return false;
+  }
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  const std::string port = a.substr(colon + 1);
+  if (port.empty() || port.size() > 5) return false;
+  int value = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9') return false;
+    value = value * 10 + (c - '0');
+  }
+  return value >= 1 && value <= 65535;
+}
+
+
+// A JoinGroup: the started node knows no group, so a valid one is "not
+// formed yet"; an invalid one is INVALID_ARGUMENT; an unstarted node
+// validates, then is UNAVAILABLE.
+void FuzzJoinGroup(bool use_started, const uint8_t* data, size_t size) {
+  v1::JoinGroupRequest r;
+  v1::JoinGroupResponse resp;
+  if (!Parse(data, size, &r)) return;
+  grpc::ServerContext context;
+  const grpc::Status st = F().Service(use_started)->JoinGroup(&context, &r, &resp);
+  const int n = r.nodes_size();
+  bool valid = !r.group().empty() && r.group().size() <= kMaxPeerGroupBytes && n >= 2 &&
+               n <= 4096 && r.node_index() >= 1 && r.node_index() < n &&
+               r.address() == r.nodes(r.node_index()) && r.incarnation() != 0 &&
+               r.version().size() <= kMaxPeerVersionBytes && Printable(r.version()) &&
+               !r.ucx_worker_address().empty() &&
+               F().worker->ValidatePeerAddress(r.ucx_worker_address()).ok();
+  for (int i = 0; valid && i < n; ++i) {
+    valid = ValidAddress(r.nodes(i));
+    for (int j = 0; valid && j < i; ++j) valid = r.nodes(i) != r.nodes(j);
+  }
+  if (!valid) {
+    FUZZ_CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    return;
+  }
+  if (!use_started) {
+    FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
+    return;
+  }
+  FUZZ_CHECK(st.ok() && !resp.formed() && resp.members_size() == 0);
 }
 
 // A Join's answer against the model of peer_validation.h.
@@ -185,6 +235,11 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
         return;
       }
+      if (!r.address().empty()) {  // a run-time peer: always answered
+        FUZZ_CHECK(st.ok() == (r.address().size() <= 256));
+        if (st.ok()) FUZZ_CHECK(resp.incarnation() == F().started.incarnation());
+        return;
+      }
       const bool bad_node = r.node_rank() < 1 || r.node_rank() > 2;
       FUZZ_CHECK(bad_node == (st.error_code() == grpc::StatusCode::INVALID_ARGUMENT));
       FUZZ_CHECK(st.ok() || st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
@@ -201,7 +256,11 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
         return;
       }
-      const bool valid = r.node_rank() >= 1 && r.node_rank() <= 2 && !r.group().empty() &&
+      // The sender: a known address (a static peer, or an unknown one
+      // answered "not seen yet"), or the static node_rank.
+      const bool sender_ok = r.address().empty() ? r.node_rank() >= 1 && r.node_rank() <= 2
+                                                 : ValidAddress(r.address());
+      const bool valid = sender_ok && !r.group().empty() &&
                          r.group().size() <= kMaxPeerGroupBytes && !r.plan_key().empty() &&
                          r.plan_key().size() <= kMaxPeerPlanKeyBytes && Printable(r.plan_key()) &&
                          r.recv_comm_id() < kMaxPeerCommIds;
@@ -223,7 +282,9 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
         return;
       }
-      FUZZ_CHECK(st.ok() == (r.node_rank() >= 1 && r.node_rank() <= 2 && !r.group().empty() &&
+      const bool sender_ok = r.address().empty() ? r.node_rank() >= 1 && r.node_rank() <= 2
+                                                 : ValidAddress(r.address());
+      FUZZ_CHECK(st.ok() == (sender_ok && !r.group().empty() &&
                              r.group().size() <= kMaxPeerGroupBytes && r.code() >= 0 &&
                              r.code() <= 16 && r.message().size() <= kMaxPeerMessageBytes));
       FUZZ_CHECK(st.ok() || st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
@@ -298,6 +359,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     hsap::cluster::FuzzSplicedJoin(in);
   } else if (data[0] < 12) {
     hsap::cluster::FuzzRawAddress(data + 1, size - 1);
+  } else if (data[0] == 12) {
+    hsap::cluster::FuzzJoinGroup(size % 2 == 0, data + 1, size - 1);
   } else {
     FuzzedDataProvider in(data + 1, size - 1);
     hsap::cluster::FuzzAgreement(in);

@@ -1,18 +1,23 @@
-// Groups declared by their members (CallId.nodes / node_index) on a 3-node
-// static cluster (2 CPU device slots each): group A on nodes {0, 1} with 2
-// ranks per node, B on nodes {1, 2} with 1, C on node {2} alone run at the
-// same time and each equals its float64 reference; then node 0 is killed:
-// A's calls end UNAVAILABLE or ABORTED within 2x their deadline while B and
-// C keep succeeding (node 0 is outside their failure domain, and their plan
-// agreement never waits for it). Nodes whose ranks declare different
-// member lists fail the plan agreement.
+// Groups formed at run time by their members (CallId.nodes / node_index)
+// on 3 daemons started with --port and no --peers (2 CPU device slots
+// each): group A on nodes {0, 1} with 2 ranks per node, B on nodes {1, 2}
+// with 1, C on node {2} alone run at the same time and each equals its
+// float64 reference; then node 0 is killed: A's calls end UNAVAILABLE or
+// ABORTED within 2x their deadline while B and C keep succeeding (node 0 is
+// outside their failure domain); node 0 restarted (a new incarnation, same
+// port), A formed again under a new name succeeds. 200 groups created and
+// finished leave every daemon's group and peer tables at their baseline.
+// Nodes whose ranks declare different member lists never run.
 #include <atomic>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "hsap/v1/cluster.grpc.pb.h"
 #include "tests/integration/group_call.h"
 #include "tests/integration/local_cluster.h"
 
@@ -20,11 +25,12 @@ namespace hsap::testing {
 namespace {
 
 const std::vector<std::string> kFlags = {"--cpu_threads=1", "--ucx_transports=tcp",
-                                         "--heartbeat_ms=100", "--peer_down_ms=800"};
+                                         "--heartbeat_ms=100", "--peer_down_ms=800",
+                                         "--peer_linger_ms=300"};
 
 std::vector<int64_t> Structure() { return {0, 5, 5, 90, 91, 150, 301}; }
 
-// A group on `nodes` (static indices) with `rpn` ranks on each.
+// A group on `nodes` (indices of the LocalCluster) with `rpn` ranks on each.
 GroupSpec Declared(LocalCluster& cluster, const std::string& name, std::vector<int> nodes,
                    int32_t rpn, hsap::v1::Strategy strategy) {
   GroupSpec spec;
@@ -34,7 +40,7 @@ GroupSpec Declared(LocalCluster& cluster, const std::string& name, std::vector<i
   const std::vector<std::string> sockets = cluster.sockets();
   for (int n : nodes) {
     spec.sockets.push_back(sockets[n]);
-    spec.member_addresses.push_back(absl::StrCat("127.0.0.1:", cluster.port(n)));
+    spec.member_addresses.push_back(cluster.address(n));
   }
   spec.strategy = strategy;
   spec.deadline_ms = 20000;
@@ -72,8 +78,37 @@ void RunLoop(LocalCluster& cluster, const GroupShape& shape, const GlobalProblem
   }
 }
 
-TEST(JobGroupsTest, OverlappingDeclaredGroupsRunAtOnceAndFailApart) {
-  auto cluster = LocalCluster::Start(3, 2, kFlags);
+// Node i's GetClusterStatus (over its Unix socket).
+absl::StatusOr<hsap::v1::GetClusterStatusResponse> Status(LocalCluster& c, int i) {
+  auto stub = hsap::v1::Cluster::NewStub(
+      grpc::CreateChannel("unix:" + c.sockets()[i], grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  hsap::v1::GetClusterStatusResponse resp;
+  const grpc::Status st = stub->GetClusterStatus(&ctx, {}, &resp);
+  if (!st.ok()) return absl::UnavailableError(st.error_message());
+  return resp;
+}
+
+// Waits (bounded) until node i holds no group and no peer but itself: its
+// baseline without --peers. Returns how long it took, or the last status.
+absl::StatusOr<absl::Duration> WaitBaseline(LocalCluster& c, int i, absl::Duration limit) {
+  const absl::Time start = absl::Now();
+  std::string last;
+  while (absl::Now() - start < limit) {
+    auto s = Status(c, i);
+    if (s.ok() && s->groups_size() == 0 && s->nodes_size() == 1 &&
+        s->nodes(0).address() == c.address(i)) {
+      return absl::Now() - start;
+    }
+    if (s.ok()) last = s->ShortDebugString();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("node ", i, " not at baseline: ", last));
+}
+
+TEST(JobGroupsTest, GroupsFormedAtRunTimeRunAtOnceAndFailApart) {
+  auto cluster = LocalCluster::StartWithoutPeers(3, 2, kFlags);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitFormed(absl::Seconds(30)).ok());
   LocalCluster& c = **cluster;
@@ -155,9 +190,9 @@ TEST(JobGroupsTest, OverlappingDeclaredGroupsRunAtOnceAndFailApart) {
     EXPECT_TRUE(absl::IsUnavailable(st) || absl::IsAborted(st)) << "A's caller " << i << ": " << st;
     std::printf("killed node 0: A's caller %zu ended with %s\n", i, st.ToString().c_str());
   }
-  // Ranks 2 and 3 (node 1) are told node 0 is gone.
-  EXPECT_NE(statuses[1].message().find("node 0"), std::string::npos) << statuses[1];
-  EXPECT_NE(statuses[2].message().find("node 0"), std::string::npos) << statuses[2];
+  // Ranks 2 and 3 (node 1) are told node 0 is gone, by its address.
+  EXPECT_NE(statuses[1].message().find(c.address(0)), std::string::npos) << statuses[1];
+  EXPECT_NE(statuses[2].message().find(c.address(0)), std::string::npos) << statuses[2];
   EXPECT_LT(took, absl::Milliseconds(2 * doomed.deadline_ms)) << took;
   std::printf("killed node 0: A's calls ended %s after the kill (deadline %u ms)\n",
               absl::FormatDuration(took).c_str(), doomed.deadline_ms);
@@ -177,21 +212,82 @@ TEST(JobGroupsTest, OverlappingDeclaredGroupsRunAtOnceAndFailApart) {
   }
   EXPECT_GE(runs_after(loop_b), 2);
   EXPECT_GE(runs_after(loop_c), 2);
+
+  // Node 0 comes back (a new incarnation on the same port): A formed again
+  // under a new name runs; node 1 connects to the new incarnation.
+  ASSERT_TRUE(c.Restart(0).ok());
+  auto again = RunGroup(pa, Declared(c, "A-again", kA.nodes, kA.rpn, hsap::v1::STRATEGY_HSAP));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_LE(again->max_error, 1e-5);
+  std::printf("node 0 restarted: A formed again as 'A-again', max rel error %.3g\n",
+              again->max_error);
+  // Every group has ended: the tables go back to their baseline.
+  for (int i = 0; i < 3; ++i) {
+    auto took = WaitBaseline(c, i, absl::Seconds(10));
+    ASSERT_TRUE(took.ok()) << took.status();
+  }
+}
+
+// 200 groups, each with its own sessions (closed at its end), on every pair
+// of nodes: afterwards each daemon's group and peer tables are back at
+// their baseline (no group, no peer but itself) within the peer linger plus
+// a bound, and /metrics-facing counts agree.
+TEST(JobGroupsTest, TwoHundredGroupsLeaveTablesAtBaseline) {
+  auto cluster = LocalCluster::StartWithoutPeers(3, 1, kFlags);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  for (int i = 0; i < 3; ++i) {
+    auto s = Status(c, i);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->self_address(), c.address(i));
+    EXPECT_EQ(s->groups_size(), 0);
+    ASSERT_EQ(s->nodes_size(), 1);
+  }
+  const GlobalProblem p = MakeProblem({0, 7, 20}, true, 31);
+  const std::vector<std::vector<int>> pairs = {{0, 1}, {1, 2}, {2, 0}, {0, 2}};
+  std::atomic<int> next{0}, ok{0};
+  std::mutex errors_mu;
+  std::vector<std::string> errors;
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> streams;
+  for (int t = 0; t < 4; ++t) {
+    streams.emplace_back([&] {
+      for (int g = next++; g < 200; g = next++) {
+        GroupSpec spec = Declared(c, absl::StrCat("churn-", g), pairs[g % pairs.size()], 1,
+                                  hsap::v1::STRATEGY_SAP);
+        auto r = RunGroup(p, spec);
+        if (r.ok() && r->max_error <= 1e-5) {
+          ++ok;
+        } else {
+          std::lock_guard<std::mutex> lock(errors_mu);
+          errors.push_back(r.ok() ? absl::StrCat("error ", r->max_error) : r.status().ToString());
+        }
+      }
+    });
+  }
+  for (auto& s : streams) s.join();
+  const absl::Duration churn = absl::Now() - start;
+  EXPECT_EQ(ok.load(), 200) << (errors.empty() ? "" : errors[0]);
+  for (int i = 0; i < 3; ++i) {
+    auto took = WaitBaseline(c, i, absl::Seconds(5));
+    ASSERT_TRUE(took.ok()) << took.status();
+    std::printf("200 groups (%s): node %d back at baseline %s after the last\n",
+                absl::FormatDuration(churn).c_str(), i, absl::FormatDuration(*took).c_str());
+  }
 }
 
 // Ranks on different nodes that name different member lists never run:
 // each node's list is part of the key the members agree on.
-TEST(JobGroupsTest, NodesThatDeclareDifferentMembersFailAgreement) {
-  auto cluster = LocalCluster::Start(3, 1, kFlags);
+TEST(JobGroupsTest, NodesThatDeclareDifferentMembersNeverRun) {
+  auto cluster = LocalCluster::StartWithoutPeers(3, 1, kFlags);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE((*cluster)->WaitFormed(absl::Seconds(30)).ok());
   LocalCluster& c = **cluster;
   const GlobalProblem p = MakeProblem(Structure(), true, 21);
   // Rank 1 calls node 2 and declares {0, 2}; rank 0 calls node 0 and
   // declares {0, 1}. Each list passes its own daemon's checks.
   GroupSpec spec = Declared(c, "split", {0, 2}, 1, hsap::v1::STRATEGY_SAP);
   spec.deadline_ms = 2000;
-  const std::string node1 = absl::StrCat("127.0.0.1:", c.port(1));
+  const std::string node1 = c.address(1);
   spec.edit_call_id = [&](int32_t rank, hsap::v1::CallId* id) {
     if (rank == 0) id->set_nodes(1, node1);
   };
@@ -202,14 +298,18 @@ TEST(JobGroupsTest, NodesThatDeclareDifferentMembersFailAgreement) {
   const absl::Duration took = absl::Now() - start;
   ASSERT_FALSE(r.ok());
   ASSERT_EQ(statuses.size(), 2u);
-  // Node 2 asks node 0, which states another member list.
+  // Node 2 joins the root, node 0, which holds another member list: both
+  // lists are named.
+  const std::string list0 = absl::StrCat("[", c.address(0), ", ", c.address(1), "]");
+  const std::string list2 = absl::StrCat("[", c.address(0), ", ", c.address(2), "]");
   EXPECT_TRUE(absl::IsFailedPrecondition(statuses[1])) << statuses[1];
-  EXPECT_NE(statuses[1].message().find("plan mismatch"), std::string::npos) << statuses[1];
-  EXPECT_NE(statuses[1].message().find("nodes=0,2"), std::string::npos) << statuses[1];
-  EXPECT_NE(statuses[1].message().find("nodes=0,1"), std::string::npos) << statuses[1];
-  // Node 0 waits for node 1, which never hears of the call: the deadline.
-  EXPECT_TRUE(absl::IsDeadlineExceeded(statuses[0]) || absl::IsFailedPrecondition(statuses[0]))
-      << statuses[0];
+  EXPECT_NE(statuses[1].message().find("refused to form it"), std::string::npos) << statuses[1];
+  EXPECT_NE(statuses[1].message().find(list0), std::string::npos) << statuses[1];
+  EXPECT_NE(statuses[1].message().find(list2), std::string::npos) << statuses[1];
+  // The root waits for node 1, which never hears of the group: the deadline,
+  // naming it.
+  EXPECT_TRUE(absl::IsDeadlineExceeded(statuses[0])) << statuses[0];
+  EXPECT_NE(statuses[0].message().find(c.address(1)), std::string::npos) << statuses[0];
   EXPECT_LT(took, absl::Milliseconds(2 * spec.deadline_ms + 1000)) << took;
   std::printf("different member lists: rank 0 %s, rank 1 %s\n", statuses[0].ToString().c_str(),
               statuses[1].ToString().c_str());

@@ -48,6 +48,25 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   return c;
 }
 
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::StartWithoutPeers(
+    int nodes, int devices, std::vector<std::string> flags) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  c->devices_ = devices;
+  c->static_peers_ = false;
+  c->flags_ = std::move(flags);
+  c->node_flags_.resize(nodes);
+  for (int i = 0; i < nodes; ++i) c->ports_.push_back(FreePort());
+  c->procs_.resize(nodes);
+  for (int i = 0; i < nodes; ++i) {
+    auto p = c->StartNode(i);
+    if (!p.ok()) return p.status();
+    c->procs_[i] = std::move(p).value();
+  }
+  return c;
+}
+
+std::string LocalCluster::address(int i) const { return absl::StrCat("127.0.0.1:", ports_[i]); }
+
 absl::StatusOr<std::unique_ptr<DaemonProcess>> LocalCluster::StartNode(int i) {
   std::vector<std::string> peers;
   for (int port : ports_) peers.push_back(absl::StrCat("127.0.0.1:", port));
@@ -57,8 +76,10 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> LocalCluster::StartNode(int i) {
   }
   flags.push_back(absl::StrCat("--devices=cpu:", devices_));
   flags.push_back(absl::StrCat("--port=", ports_[i]));
-  flags.push_back(absl::StrCat("--peers=", absl::StrJoin(peers, ",")));
-  flags.push_back(absl::StrCat("--node_rank=", i));
+  if (static_peers_) {
+    flags.push_back(absl::StrCat("--peers=", absl::StrJoin(peers, ",")));
+    flags.push_back(absl::StrCat("--node_rank=", i));
+  }
   return DaemonProcess::Start(Runfile("server/hsapd"), flags);
 }
 

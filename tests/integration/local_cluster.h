@@ -27,12 +27,18 @@ class LocalCluster {
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(
       int nodes, int devices, std::vector<std::string> flags,
       std::vector<std::vector<std::string>> node_flags);
+  // `nodes` daemons with --port only, no --peers: groups form at run time
+  // between the daemons their calls name (advertised as 127.0.0.1:<port>).
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> StartWithoutPeers(
+      int nodes, int devices, std::vector<std::string> flags);
   // OK once every daemon reports the cluster formed.
   absl::Status WaitFormed(absl::Duration timeout);
 
   int nodes() const { return static_cast<int>(ports_.size()); }
   // Node i's TCP port (peers and operators).
   int port(int i) const { return ports_[i]; }
+  // Node i's advertised address, "127.0.0.1:<port>".
+  std::string address(int i) const;
   std::vector<std::string> sockets() const;
   DaemonProcess* node(int i) { return procs_[i].get(); }
   // SIGKILL, then reap.
@@ -46,6 +52,7 @@ class LocalCluster {
   absl::StatusOr<std::unique_ptr<DaemonProcess>> StartNode(int i);
 
   int devices_ = 1;
+  bool static_peers_ = true;
   std::vector<std::string> flags_;
   std::vector<std::vector<std::string>> node_flags_;  // per node, after flags_
   std::vector<int> ports_;

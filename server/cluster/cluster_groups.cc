@@ -1,0 +1,506 @@
+// Cluster: groups formed at run time (AcquireGroup, FormGroup, JoinGroup,
+// ReleaseGroup) and the liveness of their run-time peers. See cluster.h.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "server/cluster/cluster.h"
+#include "server/cluster/peer_validation.h"
+
+namespace hsap::cluster {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+// What a rank thread waiting for a group's formation waits on.
+struct FormationWait {
+  const GroupEntry* group;
+  const bool* stopping;
+  bool driver;  // the driver waits for the state; the others for the driver too
+};
+
+bool FormationChanged(FormationWait* w) {
+  if (*w->stopping || w->group->state != GroupState::kForming) return true;
+  return !w->driver && !w->group->forming;
+}
+
+}  // namespace
+
+// One run-time heartbeat in flight on the liveness thread's completion
+// queue. It holds the peer's stub (and so its channel) until the liveness
+// thread deletes it: a channel must not be destroyed on a gRPC thread.
+struct Cluster::HeartbeatCall {
+  grpc::ClientContext context;
+  v1::HeartbeatRequest request;
+  v1::HeartbeatResponse response;
+  grpc::Status status;
+  std::shared_ptr<v1::Peer::Stub> stub;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatResponse>> reader;
+  int32_t peer = 0;
+  uint64_t sent_to = 0;  // the incarnation it was sent to
+};
+
+namespace {
+
+}  // namespace
+
+absl::StatusOr<std::vector<int32_t>> Cluster::AcquireGroup(const std::string& group,
+                                                           const std::vector<std::string>& nodes,
+                                                           int32_t node_index) {
+  absl::MutexLock lock(&mu_);
+  if (!started_) return absl::FailedPreconditionError("the peer layer has not started");
+  if (node_index < 0 || node_index >= static_cast<int32_t>(nodes.size()) ||
+      nodes[node_index] != options_.advertise_address) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group, "': node_index ", node_index, " does not name this daemon ('",
+        options_.advertise_address, "') in [", absl::StrJoin(nodes, ", "), "]"));
+  }
+  bool added = false;
+  HSAP_ASSIGN_OR_RETURN(std::shared_ptr<GroupEntry> g,
+                        groups_.FindOrAdd(group, nodes, node_index, &added));
+  const absl::Time now = absl::Now();
+  if (added) {
+    bool all_pinned = true;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      GroupMember& m = g->members[i];
+      if (static_cast<int32_t>(i) == node_index) {
+        m.peer = self_;
+        m.incarnation = incarnation_;
+        m.joined = true;
+        continue;
+      }
+      absl::StatusOr<PeerRecord*> peer = peers_.Reference(
+          nodes[i], [this](const std::string& a) { return MakeStub(a); });
+      if (peer.ok() && (*peer)->self) {
+        peer = absl::InvalidArgumentError(absl::StrCat(
+            "group '", group, "': call.nodes[", i, "] '", nodes[i], "' is this daemon, which is "
+            "call.nodes[", node_index, "]"));
+      }
+      if (!peer.ok()) {
+        for (size_t j = 0; j < i; ++j) {
+          if (static_cast<int32_t>(j) != node_index) peers_.Unreference(g->members[j].peer, now);
+        }
+        groups_.Remove(group);
+        return peer.status();
+      }
+      m.peer = (*peer)->id;
+      if ((*peer)->pinned) {
+        m.incarnation = (*peer)->incarnation;
+        m.joined = true;
+      } else {
+        all_pinned = false;
+      }
+    }
+    // The root's uid: its incarnation and a counter (unique among its
+    // groups); a group of static nodes only takes one here at once.
+    if (node_index == 0 || all_pinned) g->uid = incarnation_ ^ ++next_group_uid_;
+    if (all_pinned) g->state = GroupState::kUp;
+  }
+  std::vector<int32_t> ids = g->peers();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (static_cast<int32_t>(i) != node_index) (void)peers_.Reference(nodes[i], nullptr);
+  }
+  return ids;
+}
+
+void Cluster::ReleaseCallPeers(const std::vector<int32_t>& peers) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (int32_t id : peers) {
+    if (id != self_) peers_.Unreference(id, now);
+  }
+}
+
+void Cluster::ReleaseGroup(const std::string& group) {
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<GroupEntry> g = groups_.Remove(group);
+  if (g == nullptr) return;
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < g->members.size(); ++i) {
+    if (static_cast<int32_t>(i) != g->node_index) peers_.Unreference(g->members[i].peer, now);
+  }
+}
+
+void Cluster::FailGroupLocked(GroupEntry& group, const absl::Status& reason) {
+  if (group.state == GroupState::kFailed) return;
+  group.state = GroupState::kFailed;
+  group.failure = reason;
+  HSAP_LOG(WARNING) << "group '" << group.name << "' failed: " << reason;
+}
+
+absl::Status Cluster::FormGroup(const std::string& group, absl::Time deadline) {
+  std::shared_ptr<GroupEntry> g;
+  {
+    absl::MutexLock lock(&mu_);
+    g = groups_.Find(group);
+    if (g == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group '", group, "' is not known here (released while its call ran?)"));
+    }
+    FormationWait wait{g.get(), &stopping_, false};
+    if (g->state == GroupState::kFailed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group '", group, "' failed (", g->failure.message(),
+          "); form the group again under a new group name"));
+    }
+    while (true) {
+      if (g->state == GroupState::kUp) return absl::OkStatus();
+      // It failed while this rank waited: the cause itself.
+      if (g->state == GroupState::kFailed) return g->failure;
+      if (stopping_) return absl::UnavailableError("hsapd is stopping");
+      if (!g->forming) break;
+      if (!mu_.AwaitWithDeadline(absl::Condition(&FormationChanged, &wait), deadline)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("group '", group, "' did not form by the call's deadline"));
+      }
+    }
+    g->forming = true;
+  }
+  absl::Status st;
+  if (g->node_index == 0) {
+    absl::MutexLock lock(&mu_);
+    FormationWait wait{g.get(), &stopping_, true};
+    mu_.AwaitWithDeadline(absl::Condition(&FormationChanged, &wait), deadline);
+    if (g->state == GroupState::kUp) {
+      st = absl::OkStatus();
+    } else if (g->state == GroupState::kFailed) {
+      st = g->failure;
+    } else {
+      st = absl::DeadlineExceededError(absl::StrCat(
+          "group '", group, "' did not form by the call's deadline: member node(s) ",
+          absl::StrJoin(g->Missing(), ", "), " never joined its root (this node, ",
+          options_.advertise_address, ")"));
+    }
+  } else {
+    st = JoinRoot(g, deadline);
+  }
+  absl::MutexLock lock(&mu_);
+  g->forming = false;
+  if (!st.ok()) FailGroupLocked(*g, st);
+  return st;
+}
+
+absl::Status Cluster::JoinRoot(const std::shared_ptr<GroupEntry>& g, absl::Time deadline) {
+  v1::JoinGroupRequest request;
+  std::vector<std::string> nodes;
+  std::shared_ptr<v1::Peer::Stub> stub;
+  int32_t root;
+  absl::Duration rpc_timeout, down_after;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const GroupMember& m : g->members) nodes.push_back(m.address);
+    root = g->members[0].peer;
+    const PeerRecord* p = peers_.Find(root);
+    if (p == nullptr || p->stub == nullptr) return absl::InternalError("the root has no stub");
+    stub = p->stub;
+    rpc_timeout = options_.rpc_timeout;
+    down_after = options_.down_after;
+    request.set_address(options_.advertise_address);
+    request.set_version(options_.version);
+  }
+  request.set_group(g->name);
+  for (const std::string& n : nodes) request.add_nodes(n);
+  request.set_node_index(g->node_index);
+  request.set_incarnation(incarnation_);
+  if (worker_ != nullptr) request.set_ucx_worker_address(worker_->Address());
+  const std::string where = absl::StrCat("group '", g->name, "': its root ", nodes[0]);
+  std::string last = "no answer yet";
+  // Since when every JoinGroup failed: a root unreachable for down_after is
+  // down (its liveness is not watched before the group forms).
+  absl::Time failing_since = absl::InfiniteFuture();
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + rpc_timeout)));
+    v1::JoinGroupResponse response;
+    const grpc::Status s = stub->JoinGroup(&context, request, &response);
+    if (s.ok() && response.formed()) {
+      HSAP_RETURN_IF_ERROR(ValidateJoinGroupResponse(response, nodes, UcxCheck()));
+      std::vector<std::pair<int32_t, absl::Status>> restarts;
+      {
+        absl::MutexLock lock(&mu_);
+        for (int i = 0; i < response.members_size(); ++i) {
+          if (i == g->node_index) continue;
+          GroupMember& m = g->members[i];
+          absl::Status restart;
+          HSAP_RETURN_IF_ERROR(LearnPeerLocked(m.peer, response.members(i).incarnation(),
+                                               response.members(i).ucx_worker_address(),
+                                               &restart));
+          if (!restart.ok()) restarts.emplace_back(m.peer, restart);
+          m.incarnation = response.members(i).incarnation();
+          m.ucx_address = response.members(i).ucx_worker_address();
+          m.joined = true;
+        }
+        g->uid = response.group_uid();
+        if (g->state == GroupState::kForming) g->state = GroupState::kUp;
+      }
+      for (const auto& [peer, why] : restarts) RunNodeAbort(peer, why);
+      return absl::OkStatus();
+    }
+    if (!s.ok()) {
+      const grpc::StatusCode code = s.error_code();
+      if (code == grpc::StatusCode::FAILED_PRECONDITION ||
+          code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::UNAUTHENTICATED ||
+          code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        return absl::Status(static_cast<absl::StatusCode>(code),
+                            absl::StrCat(where, " refused to form it: ", s.error_message()));
+      }
+      last = s.error_message();
+      failing_since = std::min(failing_since, absl::Now());
+      if (absl::Now() - failing_since > down_after) {
+        return absl::UnavailableError(absl::StrCat(where, " is unreachable (for ",
+                                                   absl::FormatDuration(absl::Now() - failing_since),
+                                                   "): ", last));
+      }
+    } else {
+      last = "members still missing there";
+      failing_since = absl::InfiniteFuture();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (g->state == GroupState::kFailed) return g->failure;
+      if (stopping_) return absl::UnavailableError("hsapd is stopping");
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(where, " has not answered formed by the call's deadline (", last, ")"));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+absl::Status Cluster::LearnPeerLocked(int32_t peer, uint64_t incarnation,
+                                      const std::string& ucx_address, absl::Status* restart) {
+  PeerRecord* p = peers_.Find(peer);
+  if (p == nullptr) return absl::InternalError(absl::StrCat("peer ", peer, " is not known"));
+  if (p->pinned) return absl::OkStatus();  // the static protocol keeps it
+  if (p->incarnation != 0 && p->incarnation != incarnation) {
+    *restart = absl::AbortedError(absl::StrCat("node ", p->address, " restarted (incarnation ",
+                                               p->incarnation, " -> ", incarnation, ")"));
+    groups_.FailWithPeer(peer, p->incarnation, *restart);
+  }
+  const bool connect = p->incarnation != incarnation || p->connected_incarnation != incarnation ||
+                       (worker_ != nullptr && !worker_->NodeStatus(peer).ok());
+  p->incarnation = incarnation;
+  p->ucx_address = ucx_address;
+  if (worker_ != nullptr && connect) {
+    // Once per incarnation: Connect force-closes the endpoint, which would
+    // fail every other group's transfers with this peer.
+    const absl::Status connected = worker_->Connect(peer, ucx_address);
+    if (!connected.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("UCX connect to ", p->address, " failed: ", connected.message()));
+    }
+    p->connected_incarnation = incarnation;
+  }
+  if (p->state != NodeState::kUp) {
+    HSAP_LOG(INFO) << "peer " << p->address << " (id " << peer << ") is UP, incarnation "
+                   << incarnation;
+  }
+  p->state = NodeState::kUp;
+  p->last_heard = absl::Now();
+  return absl::OkStatus();
+}
+
+grpc::Status Cluster::OnJoinGroup(const v1::JoinGroupRequest& request,
+                                  v1::JoinGroupResponse* response) {
+  const absl::Status valid = ValidateJoinGroupRequest(request, UcxCheck());
+  if (!valid.ok()) return ToGrpc(valid);
+  absl::Status restart;
+  int32_t member_peer = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!started_ || stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not started");
+    std::shared_ptr<GroupEntry> g = groups_.Find(request.group());
+    // The root's own ranks have not arrived yet: the member asks again.
+    if (g == nullptr) return grpc::Status::OK;
+    std::vector<std::string> known;
+    for (const GroupMember& m : g->members) known.push_back(m.address);
+    const std::vector<std::string> asked(request.nodes().begin(), request.nodes().end());
+    if (known != asked) {
+      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+          "group '", g->name, "' has nodes [", absl::StrJoin(known, ", "), "] on its root; node ",
+          request.address(), " names [", absl::StrJoin(asked, ", "), "]")));
+    }
+    if (g->node_index != 0) {
+      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+          "this daemon is node ", g->node_index, " of group '", g->name, "', not its root")));
+    }
+    GroupMember& m = g->members[request.node_index()];
+    if (g->state != GroupState::kFailed && m.joined && m.incarnation != request.incarnation()) {
+      FailGroupLocked(*g, absl::AbortedError(absl::StrCat(
+                              "member ", m.address, " restarted while the group lived")));
+    }
+    if (g->state == GroupState::kFailed) {
+      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+          "group '", g->name, "' failed (", g->failure.message(),
+          "); form the group again under a new group name")));
+    }
+    if (!m.joined) {
+      const absl::Status learned = LearnPeerLocked(m.peer, request.incarnation(),
+                                                   request.ucx_worker_address(), &restart);
+      if (!learned.ok()) return ToGrpc(learned);
+      member_peer = m.peer;
+      m.incarnation = request.incarnation();
+      m.ucx_address = request.ucx_worker_address();
+      m.joined = true;
+    }
+    if (g->state == GroupState::kForming && g->Missing().empty()) g->state = GroupState::kUp;
+    if (g->state == GroupState::kUp) {
+      response->set_formed(true);
+      response->set_group_uid(g->uid);
+      for (size_t i = 0; i < g->members.size(); ++i) {
+        v1::GroupMember* out = response->add_members();
+        out->set_address(g->members[i].address);
+        const bool self = static_cast<int32_t>(i) == g->node_index;
+        out->set_incarnation(self ? incarnation_ : g->members[i].incarnation);
+        const std::string ucx = self ? (worker_ != nullptr ? worker_->Address() : "")
+                                     : g->members[i].ucx_address;
+        out->set_ucx_worker_address(ucx);
+      }
+    }
+  }
+  if (!restart.ok()) RunNodeAbort(member_peer, restart);
+  return grpc::Status::OK;
+}
+
+std::vector<GroupStatus> Cluster::GroupStates() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<GroupStatus> out;
+  for (const auto& g : groups_.All()) {
+    GroupStatus s;
+    s.name = g->name;
+    s.state = g->state;
+    s.uid = g->uid;
+    for (const GroupMember& m : g->members) s.nodes.push_back(m.address);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::array<int, 3> Cluster::GroupCounts() const {
+  absl::MutexLock lock(&mu_);
+  return groups_.CountByState();
+}
+
+std::array<int, 4> Cluster::PeerCounts() const {
+  absl::MutexLock lock(&mu_);
+  std::array<int, 4> counts{};
+  for (const PeerRecord* p : peers_.All()) {
+    if (!p->pinned) ++counts[static_cast<int>(p->state)];
+  }
+  return counts;
+}
+
+void Cluster::LivenessLoop() {
+  // Heartbeats go out asynchronously (a hung peer delays no other) on this
+  // thread's own completion queue, which this thread also drains.
+  grpc::CompletionQueue cq;
+  absl::flat_hash_set<HeartbeatCall*> in_flight;
+  absl::Duration period;
+  {
+    absl::MutexLock lock(&mu_);
+    period = options_.heartbeat_period;
+  }
+  absl::Time next_tick = absl::Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+    }
+    if (absl::Now() >= next_tick) {
+      LivenessTick(&cq, &in_flight);
+      next_tick = absl::Now() + period;
+    }
+    void* tag = nullptr;
+    bool ok = false;
+    if (cq.AsyncNext(&tag, &ok, absl::ToChronoTime(next_tick)) ==
+        grpc::CompletionQueue::GOT_EVENT) {
+      auto* call = static_cast<HeartbeatCall*>(tag);
+      in_flight.erase(call);
+      OnRuntimeHeartbeat(call->peer, call->sent_to, call->status, call->response.incarnation());
+      delete call;
+    }
+  }
+  for (HeartbeatCall* call : in_flight) call->context.TryCancel();
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) delete static_cast<HeartbeatCall*>(tag);
+}
+
+void Cluster::LivenessTick(grpc::CompletionQueue* cq, absl::flat_hash_set<HeartbeatCall*>* in_flight) {
+  std::vector<std::pair<int32_t, absl::Status>> downs;
+  std::vector<HeartbeatCall*> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    for (PeerRecord* p : peers_.All()) {
+      // Static peers have their own threads; a run-time peer is watched
+      // from its first formation on.
+      if (p->pinned || p->incarnation == 0 || p->state == NodeState::kDown) continue;
+      const absl::Duration age = now - p->last_heard;
+      if (age > options_.down_after) {
+        downs.emplace_back(p->id, absl::UnavailableError(absl::StrCat(
+                                      "node ", p->address, " is DOWN: no heartbeat for ",
+                                      absl::FormatDuration(age))));
+        continue;
+      }
+      if (age > options_.suspect_after && p->state == NodeState::kUp) p->state = NodeState::kSuspect;
+      if (p->heartbeat_in_flight || p->stub == nullptr) continue;
+      auto* call = new HeartbeatCall;
+      call->stub = p->stub;
+      call->peer = p->id;
+      call->sent_to = p->incarnation;
+      call->context.set_deadline(absl::ToChronoTime(now + options_.rpc_timeout));
+      call->request.set_node_rank(self_);
+      call->request.set_incarnation(incarnation_);
+      call->request.set_address(options_.advertise_address);
+      p->heartbeat_in_flight = true;
+      calls.push_back(call);
+    }
+    for (auto& gone : peers_.TakeExpired(now, options_.peer_linger)) {
+      HSAP_LOG(INFO) << "peer " << gone->address << " (id " << gone->id
+                     << ") released: no live group uses it";
+      if (worker_ != nullptr) worker_->Disconnect(gone->id);
+    }
+  }
+  for (const auto& [peer, why] : downs) MarkDown(peer, why);
+  for (HeartbeatCall* call : calls) {
+    call->reader = call->stub->AsyncHeartbeat(&call->context, call->request, cq);
+    call->reader->Finish(&call->response, &call->status, call);
+    in_flight->insert(call);
+  }
+}
+
+void Cluster::OnRuntimeHeartbeat(int32_t peer, uint64_t incarnation, const grpc::Status& status,
+                                 uint64_t answered_incarnation) {
+  absl::Status restart;
+  {
+    absl::MutexLock lock(&mu_);
+    PeerRecord* p = peers_.Find(peer);
+    if (p == nullptr) return;
+    p->heartbeat_in_flight = false;
+    if (stopping_ || !status.ok() || p->incarnation != incarnation) return;
+    if (p->state == NodeState::kDown) return;
+    if (answered_incarnation != incarnation) {
+      restart = absl::AbortedError(absl::StrCat("node ", p->address, " restarted (incarnation ",
+                                                incarnation, " -> ", answered_incarnation, ")"));
+      groups_.FailWithPeer(peer, incarnation, restart);
+      p->state = NodeState::kDown;
+      p->connected_incarnation = 0;
+      if (worker_ != nullptr) worker_->Disconnect(peer);
+    } else {
+      p->last_heard = absl::Now();
+      p->state = NodeState::kUp;
+    }
+  }
+  if (!restart.ok()) RunNodeAbort(peer, restart);
+}
+
+}  // namespace hsap::cluster

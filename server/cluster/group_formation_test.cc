@@ -1,0 +1,216 @@
+// Three Cluster instances in one process without --peers (run-time peers
+// only), on loopback ports chosen at run time: a group on all three forms
+// (one root, two members), agrees on a plan with per-receiver comm ids,
+// references exactly its peers; a second group on two of them forms beside
+// it; one node is destroyed: the others see it DOWN, abort with its peer
+// id, fail both groups; released, the tables go back to this node alone.
+// A root whose member never comes fails at the deadline naming it.
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/cluster/cluster.h"
+
+namespace hsap::cluster {
+namespace {
+
+using ::testing::HasSubstr;
+using transport::UcxWorker;
+
+constexpr int kNodes = 3;
+
+struct Node {
+  std::unique_ptr<UcxWorker> worker;
+  std::unique_ptr<Cluster> cluster;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+  std::atomic<int> node_aborts{0};
+  std::atomic<int> last_aborted{-1};
+};
+
+class GroupFormationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (Node& n : nodes_) {
+      auto worker = UcxWorker::Create({.transports = "tcp"});
+      ASSERT_TRUE(worker.ok()) << worker.status();
+      n.worker = std::move(*worker);
+      n.cluster = std::make_unique<Cluster>();
+      n.cluster->AddNodeAbortCallback([&n](int32_t peer, const absl::Status&) {
+        n.last_aborted = peer;
+        ++n.node_aborts;
+      });
+      grpc::ServerBuilder builder;
+      int port = 0;
+      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+      builder.RegisterService(n.cluster->service());
+      n.server = builder.BuildAndStart();
+      ASSERT_NE(n.server, nullptr);
+      n.address = absl::StrCat("127.0.0.1:", port);
+      ClusterOptions o;
+      o.advertise_address = n.address;
+      o.heartbeat_period = absl::Milliseconds(50);
+      o.suspect_after = absl::Milliseconds(200);
+      o.down_after = absl::Milliseconds(400);
+      o.rpc_timeout = absl::Milliseconds(200);
+      o.peer_linger = absl::Milliseconds(100);
+      ASSERT_TRUE(n.cluster->Start(o, n.worker.get()).ok());
+      EXPECT_TRUE(n.cluster->formed());  // nothing static to wait for
+      EXPECT_EQ(n.cluster->node_rank(), 0);
+      EXPECT_EQ(n.cluster->self_address(), n.address);
+    }
+  }
+  void TearDown() override {
+    for (int i = 0; i < kNodes; ++i) Destroy(i);
+  }
+  void Destroy(int i) {
+    Node& n = nodes_[i];
+    if (n.server == nullptr) return;
+    n.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
+    n.server.reset();
+    n.cluster.reset();
+    n.worker.reset();
+  }
+  std::vector<std::string> Addresses(const std::vector<int>& which) const {
+    std::vector<std::string> out;
+    for (int i : which) out.push_back(nodes_[i].address);
+    return out;
+  }
+  // Acquires and forms `group` on `which` at once; returns each node's
+  // peer ids (group node order) and status.
+  std::vector<absl::Status> Form(const std::string& group, const std::vector<int>& which,
+                                 std::vector<std::vector<int32_t>>* ids) {
+    const std::vector<std::string> addresses = Addresses(which);
+    std::vector<absl::Status> results(which.size());
+    ids->assign(which.size(), {});
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < which.size(); ++k) {
+      threads.emplace_back([&, k] {
+        Cluster& c = *nodes_[which[k]].cluster;
+        auto peers = c.AcquireGroup(group, addresses, static_cast<int32_t>(k));
+        if (!peers.ok()) {
+          results[k] = peers.status();
+          return;
+        }
+        (*ids)[k] = *peers;
+        results[k] = c.FormGroup(group, absl::Now() + absl::Seconds(10));
+      });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+  template <typename F>
+  bool Eventually(F condition, absl::Duration timeout) {
+    const absl::Time give_up = absl::Now() + timeout;
+    while (absl::Now() < give_up) {
+      if (condition()) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return condition();
+  }
+
+  Node nodes_[kNodes];
+};
+
+TEST_F(GroupFormationTest, FormsAgreesFailsApartAndReleases) {
+  std::vector<std::vector<int32_t>> g_ids, h_ids;
+  for (const absl::Status& st : Form("G", {0, 1, 2}, &g_ids)) ASSERT_TRUE(st.ok()) << st;
+  for (const absl::Status& st : Form("H", {1, 2}, &h_ids)) ASSERT_TRUE(st.ok()) << st;
+  // The same uid everywhere, assigned by the root (node 0); H's by node 1.
+  uint64_t uid = 0;
+  for (int i = 0; i < kNodes; ++i) {
+    std::vector<GroupStatus> groups = nodes_[i].cluster->GroupStates();
+    ASSERT_EQ(groups.size(), i == 0 ? 1u : 2u) << "node " << i;
+    EXPECT_EQ(groups[0].name, "G");
+    EXPECT_EQ(groups[0].state, GroupState::kUp);
+    if (i == 0) uid = groups[0].uid;
+    EXPECT_EQ(groups[0].uid, uid);
+    EXPECT_NE(uid, 0u);
+    // Each node's own place is itself (id 0); the peers get fresh ids.
+    EXPECT_EQ(g_ids[i][i], 0);
+    EXPECT_EQ(nodes_[i].cluster->PeerCounts()[static_cast<int>(NodeState::kUp)], 2);
+  }
+  // Node 1 references node 2 from both groups: the same peer id.
+  EXPECT_EQ(g_ids[1][2], h_ids[0][1]);
+
+  // The plan agreement runs on the run-time peers, per receiver comm ids.
+  std::vector<absl::StatusOr<std::vector<uint32_t>>> agreed(kNodes);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kNodes; ++i) {
+    threads.emplace_back([&, i] {
+      agreed[i] = nodes_[i].cluster->AgreePlan({"G", 1, false}, "key", 10 + i,
+                                               absl::Now() + absl::Seconds(10), g_ids[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kNodes; ++i) {
+    ASSERT_TRUE(agreed[i].ok()) << agreed[i].status();
+    EXPECT_EQ(*agreed[i], (std::vector<uint32_t>{10, 11, 12})) << "node " << i;
+  }
+  for (int i = 0; i < kNodes; ++i) nodes_[i].cluster->EndCall("G", 1);
+
+  // Node 2 goes: nodes 0 and 1 see it DOWN (abort with its id), and every
+  // group with it fails; a later call of G must use a new name.
+  const int32_t node2_on_0 = g_ids[0][2], node2_on_1 = g_ids[1][2];
+  Destroy(2);
+  ASSERT_TRUE(Eventually([&] { return nodes_[0].node_aborts > 0 && nodes_[1].node_aborts > 0; },
+                         absl::Seconds(5)));
+  EXPECT_EQ(nodes_[0].last_aborted, node2_on_0);
+  EXPECT_EQ(nodes_[1].last_aborted, node2_on_1);
+  for (int i = 0; i < 2; ++i) {
+    for (const GroupStatus& g : nodes_[i].cluster->GroupStates()) {
+      EXPECT_EQ(g.state, GroupState::kFailed) << g.name << " on node " << i;
+    }
+    auto later = nodes_[i].cluster->AcquireGroup("G", Addresses({0, 1, 2}), i);
+    ASSERT_EQ(later.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(later.status().message(), HasSubstr("form the group again under a new group name"));
+  }
+  // Released (the matcher's release, and each call's references): back to
+  // this node alone after the linger.
+  for (int i = 0; i < 2; ++i) {
+    nodes_[i].cluster->ReleaseGroup("G");
+    nodes_[i].cluster->ReleaseGroup("H");
+    nodes_[i].cluster->ReleaseCallPeers(g_ids[i]);
+  }
+  nodes_[1].cluster->ReleaseCallPeers(h_ids[0]);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(Eventually([&] { return nodes_[i].cluster->NodeStates().size() == 1; },
+                           absl::Seconds(5)))
+        << "node " << i << " holds " << nodes_[i].cluster->NodeStates().size() << " peers";
+    EXPECT_TRUE(nodes_[i].cluster->GroupStates().empty());
+    EXPECT_EQ(nodes_[i].cluster->PeerCounts(), (std::array<int, 4>{0, 0, 0, 0}));
+  }
+  // A new group of 0 and 1 forms again, with new peer ids.
+  std::vector<std::vector<int32_t>> again;
+  for (const absl::Status& st : Form("G2", {0, 1}, &again)) ASSERT_TRUE(st.ok()) << st;
+  EXPECT_GT(again[0][1], g_ids[0][1]);
+}
+
+TEST_F(GroupFormationTest, ARootWhoseMemberNeverComesFailsAtTheDeadline) {
+  const std::vector<std::string> addresses = Addresses({0, 1});
+  auto peers = nodes_[0].cluster->AcquireGroup("lonely", addresses, 0);
+  ASSERT_TRUE(peers.ok()) << peers.status();
+  const absl::Time start = absl::Now();
+  const absl::Status st = nodes_[0].cluster->FormGroup("lonely", start + absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  ASSERT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("member node(s) 1 (", nodes_[1].address,
+                                                   ") never joined its root")));
+  // The node named is referenced but never dialled for liveness (no
+  // incarnation known), and the group is FAILED.
+  EXPECT_EQ(nodes_[0].cluster->GroupStates()[0].state, GroupState::kFailed);
+  // This daemon's own address in the wrong place is refused.
+  auto wrong = nodes_[1].cluster->AcquireGroup("x", addresses, 0);
+  ASSERT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("does not name this daemon"));
+}
+
+}  // namespace
+}  // namespace hsap::cluster

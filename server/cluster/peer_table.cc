@@ -1,0 +1,93 @@
+#include "server/cluster/peer_table.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace hsap::cluster {
+
+const char* NodeStateName(NodeState state) {
+  switch (state) {
+    case NodeState::kJoining: return "JOINING";
+    case NodeState::kUp: return "UP";
+    case NodeState::kSuspect: return "SUSPECT";
+    case NodeState::kDown: return "DOWN";
+  }
+  return "?";
+}
+
+PeerRecord* PeerTable::Add(const std::string& address) {
+  auto record = std::make_unique<PeerRecord>();
+  record->id = next_id_++;
+  record->address = address;
+  PeerRecord* p = record.get();
+  by_address_[address] = p->id;
+  by_id_[p->id] = std::move(record);
+  return p;
+}
+
+PeerRecord* PeerTable::AddPinned(const std::string& address, bool self) {
+  PeerRecord* p = Add(address);
+  p->pinned = true;
+  p->self = self;
+  return p;
+}
+
+absl::StatusOr<PeerRecord*> PeerTable::Reference(
+    const std::string& address,
+    const std::function<std::shared_ptr<v1::Peer::Stub>(const std::string&)>& make_stub) {
+  PeerRecord* p = FindAddress(address);
+  if (p == nullptr) {
+    if (runtime_peers_ >= max_peers_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this daemon already references ", runtime_peers_, " run-time peers, the limit "
+          "(--max_peers); '", address.substr(0, 256), "' cannot be added until a group ends"));
+    }
+    p = Add(address);
+    ++runtime_peers_;
+    if (make_stub) p->stub = make_stub(address);
+  }
+  if (!p->pinned) ++p->references;
+  return p;
+}
+
+void PeerTable::Unreference(int32_t id, absl::Time now) {
+  PeerRecord* p = Find(id);
+  if (p == nullptr || p->pinned || p->references <= 0) return;
+  if (--p->references == 0) p->unreferenced_since = now;
+}
+
+std::vector<std::unique_ptr<PeerRecord>> PeerTable::TakeExpired(absl::Time now,
+                                                                absl::Duration linger) {
+  std::vector<std::unique_ptr<PeerRecord>> out;
+  for (auto it = by_id_.begin(); it != by_id_.end();) {
+    PeerRecord& p = *it->second;
+    if (p.pinned || p.references > 0 || now - p.unreferenced_since < linger) {
+      ++it;
+      continue;
+    }
+    by_address_.erase(p.address);
+    --runtime_peers_;
+    out.push_back(std::move(it->second));
+    it = by_id_.erase(it);
+  }
+  return out;
+}
+
+PeerRecord* PeerTable::Find(int32_t id) const {
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second.get();
+}
+
+PeerRecord* PeerTable::FindAddress(absl::string_view address) const {
+  auto it = by_address_.find(address);
+  return it == by_address_.end() ? nullptr : Find(it->second);
+}
+
+std::vector<PeerRecord*> PeerTable::All() const {
+  std::vector<PeerRecord*> out;
+  for (const auto& [id, p] : by_id_) out.push_back(p.get());
+  return out;
+}
+
+}  // namespace hsap::cluster
