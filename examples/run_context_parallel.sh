@@ -70,15 +70,14 @@ spawn() {
 }
 
 # ---------------------------------------------------------------------------
-# THE DAEMONS: the one place that starts hsapd. Today's daemons serve a group
-# across nodes only inside a static cluster, so each gets --peers (both
-# nodes' TCP addresses) and --node_rank; once groups form on demand, drop
-# those two flags here and nothing else changes.
+# THE DAEMONS: the one place that starts hsapd. No static cluster: each
+# daemon only serves TCP; the group forms at run time when the processes'
+# first call names both daemons (hsap.init_from_env gathers their addresses,
+# which each process asks its own daemon for: GetClusterStatus.self_address).
 start_daemon() {  # start_daemon <node rank> <tcp port>
   mkdir -p "$work/node$1"
   spawn "$work/hsapd$1.log" "$hsapd" --socket="$work/node$1/hsapd.sock" --devices=cpu:2 \
-    --host=127.0.0.1 --port="$2" --cpu_threads=1 --ucx_transports=tcp --heartbeat_ms=100 \
-    --peers="127.0.0.1:$port0,127.0.0.1:$port1" --node_rank="$1"
+    --host=127.0.0.1 --port="$2" --cpu_threads=1 --ucx_transports=tcp --heartbeat_ms=100
 }
 start_daemon 0 "$port0"
 start_daemon 1 "$port1"

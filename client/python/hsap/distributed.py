@@ -28,9 +28,9 @@ for. Every rank then derives the same group from the same gathered list:
   communicator is); a given name must be the same on every rank.
 
 The daemon's address: `address`, else $HSAP_ADDRESS ("host:port", exactly as
-in the daemons' --peers), else asked from the local daemon
-(GetClusterStatusResponse.self_address, or this node's entry in its static
-cluster).
+the daemon advertises it: --advertise_address, by default --host:--port),
+else asked from the local daemon (GetClusterStatusResponse.self_address, or
+this node's entry in its static cluster from an older daemon).
 """
 
 import os
@@ -55,7 +55,7 @@ def check_address(address, what):
         if sep and host and port.isdigit() and 1 <= int(port) <= 65535:
             return address
     raise InvalidInputError(f"{what} is {address!r}; it must be the daemon's TCP address "
-                            "'host:port' as in its --peers")
+                            "'host:port' as it advertises it (--advertise_address)")
 
 
 def daemon_address(client, address=None):

@@ -34,8 +34,9 @@ class Group:
     assignment: token layout of the ranks, "balanced" (default), "contiguous"
       or "zigzag"; the same as given to hsap.dispatch.
     deadline_ms: every call must complete within this (0: the daemon's).
-    nodes: the group's member daemons, by their TCP addresses exactly as in
-      their --peers ("host:port"), in group node order; every rank passes
+    nodes: the group's member daemons, by their TCP addresses exactly as
+      they advertise them ("host:port": --advertise_address, by default
+      --host:--port), in group node order; every rank passes
       the same list. The group then has size // len(nodes) ranks on each
       node (it must divide), numbered node-major: rank = node_index *
       ranks_per_node + local rank, and this rank's client must be the daemon
@@ -131,7 +132,7 @@ class Group:
 
 def _check_nodes(nodes, node_index, rank, size):
     """(nodes tuple or None, node_index) of a Group, checked as the daemon
-    would (it also checks them against its --peers)."""
+    would (it also checks its own entry against its advertised address)."""
     if nodes is None:
         if node_index not in (None, 0):
             raise InvalidInputError(f"node_index is {node_index!r} but nodes is None")

@@ -130,12 +130,12 @@ class BadInputsTest(DaemonTestCase):
             with self.assertRaises(hsap.InvalidInputError) as ctx:
                 hsap.Group("g", **kwargs)
             self.assertIn(piece, str(ctx.exception))
-        # The list reaches the daemon, which checks it: this one has no --peers.
+        # The list reaches the daemon, which checks it: this one serves no TCP port.
         group = hsap.Group("declared-alone", 0, 1, client=self.client, nodes=["127.0.0.1:1"])
         with self.assertRaises(hsap.HsapError) as ctx:
             self.call(group=group)
         self.assertEqual(ctx.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
-        self.assertIn("call.nodes names 1 node(s) but this daemon was started without --peers",
+        self.assertIn("call.nodes names 1 node(s) but this daemon has no TCP address",
                       ctx.exception.message)
 
     def test_rejected_calls_leave_the_session_usable(self):
