@@ -7,7 +7,10 @@
 // outside their failure domain); node 0 restarted (a new incarnation, same
 // port), A formed again under a new name succeeds. 200 groups created and
 // finished leave every daemon's group and peer tables at their baseline.
-// Nodes whose ranks declare different member lists never run.
+// Nodes whose ranks declare different member lists never run; hsapd refuses
+// bad advertised addresses.
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -354,6 +357,46 @@ TEST(JobGroupsTest, NodesThatDeclareDifferentMembersNeverRun) {
   EXPECT_LT(took, absl::Milliseconds(2 * spec.deadline_ms + 1000)) << took;
   std::printf("different member lists: rank 0 %s, rank 1 %s\n", statuses[0].ToString().c_str(),
               statuses[1].ToString().c_str());
+}
+
+// hsapd refuses advertised addresses and peer caps it cannot honour, naming
+// the flag and the values.
+TEST(JobGroupsTest, HsapdRefusesBadAdvertisedAddresses) {
+  const int port = FreePort(), other = FreePort();
+  const std::string self = absl::StrCat("127.0.0.1:", port);
+  struct Case {
+    std::string flags;
+    std::vector<std::string> pieces;
+  };
+  const std::vector<Case> cases = {
+      {absl::StrCat("--port=", port, " --peers=", self, ",127.0.0.1:", other,
+                    " --node_rank=0 --advertise_address=localhost:", port),
+       {absl::StrCat("--advertise_address is 'localhost:", port, "'"),
+        absl::StrCat("--peers[0] (--node_rank) is '", self, "'")}},
+      {absl::StrCat("--port=", port, " --advertise_address=nohost"),
+       {"--advertise_address is 'nohost': has no host:port"}},
+      {absl::StrCat("--port=", port, " --advertise_address=h:99999"),
+       {"--advertise_address is 'h:99999': has a port outside 1..65535"}},
+      {"--advertise_address=127.0.0.1:7000", {"--advertise_address is set but --port is 0"}},
+      {absl::StrCat("--port=", port, " --max_peers=0"), {"max_peers is 0; it must be >= 1"}},
+  };
+  for (const Case& k : cases) {
+    TempDir dir;
+    const std::string command = absl::StrCat(Runfile("server/hsapd"), " --socket=", dir.path(),
+                                             "/hsapd.sock ", k.flags, " 2>&1");
+    FILE* out = popen(command.c_str(), "r");
+    ASSERT_NE(out, nullptr);
+    std::string text;
+    char buf[512];
+    while (fgets(buf, sizeof(buf), out) != nullptr) text += buf;
+    const int status = pclose(out);
+    ASSERT_TRUE(WIFEXITED(status)) << k.flags << "\n" << text;
+    EXPECT_EQ(WEXITSTATUS(status), 1) << k.flags << "\n" << text;
+    EXPECT_NE(text.find("hsapd failed to start"), std::string::npos) << text;
+    for (const std::string& piece : k.pieces) {
+      EXPECT_NE(text.find(piece), std::string::npos) << "missing: " << piece << "\n" << text;
+    }
+  }
 }
 
 }  // namespace
