@@ -2,8 +2,11 @@
 // (LayoutForCall: its member nodes, declared in CallId.nodes or the whole
 // cluster, and its nodes x ranks-per-node topology), the plan (cache or
 // compile, checked against the rank's tensors), the collective arrival of
-// the group's local ranks (CallMatcher), agreement on the plan key and the
-// member list with the group's other nodes (multi-node groups), then the
+// the group's local ranks (CallMatcher; a declared multi-node group's peers
+// are resolved by address there, Cluster::AcquireGroup), the group's
+// formation at its first call (Cluster::FormGroup), agreement on the plan
+// key and the member list with the group's other nodes (multi-node
+// groups), then the
 // executor over the call's transport: the in-process fabric when the group
 // lives on this node, UCX when it spans several. One thread per rank.
 //
@@ -42,7 +45,8 @@ struct CallRunnerOptions {
   int32_t node_rank = 0;
   std::string profile = "cpu-loopback";  // DaemonOptions::profile (--profile)
   absl::Duration default_deadline = absl::Seconds(60);
-  // Set on a multi-node cluster (all three outlive the runner). comm_ids
+  // Set whenever the daemon has TCP (the peer layer: a static cluster, or
+  // groups formed at run time); all three outlive the runner. comm_ids
   // hands out the ids `ucx` receives multi-node calls on (one allocator per
   // worker: ids are unique per receiving worker).
   cluster::Cluster* cluster = nullptr;

@@ -7,8 +7,13 @@
 // outside their failure domain); node 0 restarted (a new incarnation, same
 // port), A formed again under a new name succeeds. 200 groups created and
 // finished leave every daemon's group and peer tables at their baseline.
-// Nodes whose ranks declare different member lists never run.
+// Nodes whose ranks declare different member lists never run; hsapd refuses
+// bad advertised addresses.
+#include <sys/wait.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -18,6 +23,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "hsap/v1/cluster.grpc.pb.h"
+#include "server/metrics/test_util.h"
 #include "tests/integration/group_call.h"
 #include "tests/integration/local_cluster.h"
 
@@ -105,6 +111,17 @@ absl::StatusOr<absl::Duration> WaitBaseline(LocalCluster& c, int i, absl::Durati
     absl::SleepFor(absl::Milliseconds(50));
   }
   return absl::DeadlineExceededError(absl::StrCat("node ", i, " not at baseline: ", last));
+}
+
+// The value of the series `series` (e.g. hsap_groups{state="UP"}) in node
+// i's /metrics at `port`, or -1 when absent.
+double MetricValue(int port, const std::string& series) {
+  auto r = metrics::testing::HttpRequest(port, "GET", "/metrics", absl::Seconds(5));
+  if (!r.ok()) return -1;
+  const std::string line = series + " ";
+  const size_t at = r->body.find("\n" + line);
+  if (at == std::string::npos) return -1;
+  return std::strtod(r->body.c_str() + at + 1 + line.size(), nullptr);
 }
 
 TEST(JobGroupsTest, GroupsFormedAtRunTimeRunAtOnceAndFailApart) {
@@ -228,12 +245,19 @@ TEST(JobGroupsTest, GroupsFormedAtRunTimeRunAtOnceAndFailApart) {
   }
 }
 
-// 200 groups, each with its own sessions (closed at its end), on every pair
-// of nodes: afterwards each daemon's group and peer tables are back at
-// their baseline (no group, no peer but itself) within the peer linger plus
-// a bound, and /metrics-facing counts agree.
+// 200 groups, each with its own sessions (closed at its end), on pairs of
+// nodes, 4 at a time: afterwards each daemon's group and peer tables are
+// back at their baseline (no group, no peer but itself) within the peer
+// linger plus a bound, in GetClusterStatus and in /metrics (hsap_groups,
+// hsap_peers), which showed the peers while the groups ran.
 TEST(JobGroupsTest, TwoHundredGroupsLeaveTablesAtBaseline) {
-  auto cluster = LocalCluster::StartWithoutPeers(3, 1, kFlags);
+  std::vector<int> metrics_ports;
+  std::vector<std::vector<std::string>> node_flags;
+  for (int i = 0; i < 3; ++i) {
+    metrics_ports.push_back(FreePort());
+    node_flags.push_back({absl::StrCat("--metrics_port=", metrics_ports.back())});
+  }
+  auto cluster = LocalCluster::StartWithoutPeers(3, 1, kFlags, node_flags);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
   for (int i = 0; i < 3; ++i) {
@@ -265,14 +289,34 @@ TEST(JobGroupsTest, TwoHundredGroupsLeaveTablesAtBaseline) {
       }
     });
   }
+  // While groups run, /metrics sees them (a poll of node 1, in every pair
+  // but {2, 0}).
+  double live_peak = 0;
+  while (next.load() < 200) {
+    live_peak = std::max(live_peak, MetricValue(metrics_ports[1], "hsap_peers{state=\"UP\"}"));
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   for (auto& s : streams) s.join();
   const absl::Duration churn = absl::Now() - start;
+  EXPECT_GE(live_peak, 1) << "node 1's /metrics never showed a run-time peer UP";
+  std::printf("200 groups: node 1's /metrics showed up to %g run-time peers UP meanwhile\n",
+              live_peak);
   EXPECT_EQ(ok.load(), 200) << (errors.empty() ? "" : errors[0]);
   for (int i = 0; i < 3; ++i) {
     auto took = WaitBaseline(c, i, absl::Seconds(5));
     ASSERT_TRUE(took.ok()) << took.status();
     std::printf("200 groups (%s): node %d back at baseline %s after the last\n",
                 absl::FormatDuration(churn).c_str(), i, absl::FormatDuration(*took).c_str());
+    // ... and so is /metrics (refreshed at each scrape).
+    for (const char* state : {"FORMING", "UP", "FAILED"}) {
+      EXPECT_EQ(MetricValue(metrics_ports[i], absl::StrCat("hsap_groups{state=\"", state, "\"}")), 0)
+          << "node " << i << " " << state;
+    }
+    for (const char* state : {"JOINING", "UP", "SUSPECT", "DOWN"}) {
+      EXPECT_EQ(MetricValue(metrics_ports[i], absl::StrCat("hsap_peers{state=\"", state, "\"}")), 0)
+          << "node " << i << " " << state;
+    }
+    EXPECT_EQ(MetricValue(metrics_ports[i], "hsap_limit{limit=\"max_peers\"}"), 1024);
   }
 }
 
@@ -313,6 +357,46 @@ TEST(JobGroupsTest, NodesThatDeclareDifferentMembersNeverRun) {
   EXPECT_LT(took, absl::Milliseconds(2 * spec.deadline_ms + 1000)) << took;
   std::printf("different member lists: rank 0 %s, rank 1 %s\n", statuses[0].ToString().c_str(),
               statuses[1].ToString().c_str());
+}
+
+// hsapd refuses advertised addresses and peer caps it cannot honour, naming
+// the flag and the values.
+TEST(JobGroupsTest, HsapdRefusesBadAdvertisedAddresses) {
+  const int port = FreePort(), other = FreePort();
+  const std::string self = absl::StrCat("127.0.0.1:", port);
+  struct Case {
+    std::string flags;
+    std::vector<std::string> pieces;
+  };
+  const std::vector<Case> cases = {
+      {absl::StrCat("--port=", port, " --peers=", self, ",127.0.0.1:", other,
+                    " --node_rank=0 --advertise_address=localhost:", port),
+       {absl::StrCat("--advertise_address is 'localhost:", port, "'"),
+        absl::StrCat("--peers[0] (--node_rank) is '", self, "'")}},
+      {absl::StrCat("--port=", port, " --advertise_address=nohost"),
+       {"--advertise_address is 'nohost': has no host:port"}},
+      {absl::StrCat("--port=", port, " --advertise_address=h:99999"),
+       {"--advertise_address is 'h:99999': has a port outside 1..65535"}},
+      {"--advertise_address=127.0.0.1:7000", {"--advertise_address is set but --port is 0"}},
+      {absl::StrCat("--port=", port, " --max_peers=0"), {"max_peers is 0; it must be >= 1"}},
+  };
+  for (const Case& k : cases) {
+    TempDir dir;
+    const std::string command = absl::StrCat(Runfile("server/hsapd"), " --socket=", dir.path(),
+                                             "/hsapd.sock ", k.flags, " 2>&1");
+    FILE* out = popen(command.c_str(), "r");
+    ASSERT_NE(out, nullptr);
+    std::string text;
+    char buf[512];
+    while (fgets(buf, sizeof(buf), out) != nullptr) text += buf;
+    const int status = pclose(out);
+    ASSERT_TRUE(WIFEXITED(status)) << k.flags << "\n" << text;
+    EXPECT_EQ(WEXITSTATUS(status), 1) << k.flags << "\n" << text;
+    EXPECT_NE(text.find("hsapd failed to start"), std::string::npos) << text;
+    for (const std::string& piece : k.pieces) {
+      EXPECT_NE(text.find(piece), std::string::npos) << "missing: " << piece << "\n" << text;
+    }
+  }
 }
 
 }  // namespace

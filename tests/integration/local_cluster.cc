@@ -49,11 +49,13 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::StartWithoutPeers(
-    int nodes, int devices, std::vector<std::string> flags) {
+    int nodes, int devices, std::vector<std::string> flags,
+    std::vector<std::vector<std::string>> node_flags) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->devices_ = devices;
   c->static_peers_ = false;
   c->flags_ = std::move(flags);
+  c->node_flags_ = std::move(node_flags);
   c->node_flags_.resize(nodes);
   for (int i = 0; i < nodes; ++i) c->ports_.push_back(FreePort());
   c->procs_.resize(nodes);

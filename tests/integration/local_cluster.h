@@ -29,8 +29,10 @@ class LocalCluster {
       std::vector<std::vector<std::string>> node_flags);
   // `nodes` daemons with --port only, no --peers: groups form at run time
   // between the daemons their calls name (advertised as 127.0.0.1:<port>).
+  // node_flags[i]: node i's own extra flags (may be shorter than `nodes`).
   static absl::StatusOr<std::unique_ptr<LocalCluster>> StartWithoutPeers(
-      int nodes, int devices, std::vector<std::string> flags);
+      int nodes, int devices, std::vector<std::string> flags,
+      std::vector<std::vector<std::string>> node_flags = {});
   // OK once every daemon reports the cluster formed.
   absl::Status WaitFormed(absl::Duration timeout);
 
