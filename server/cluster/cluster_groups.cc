@@ -284,7 +284,9 @@ absl::Status Cluster::LearnPeerLocked(int32_t peer, uint64_t incarnation,
                                                p->incarnation, " -> ", incarnation, ")"));
     groups_.FailWithPeer(peer, p->incarnation, *restart);
   }
-  const bool connect = p->incarnation != incarnation || p->connected_incarnation != incarnation ||
+  // A peer back from parking keeps its endpoint while the incarnation is
+  // the one it was connected to (peer_table.h).
+  const bool connect = p->connected_incarnation != incarnation ||
                        (worker_ != nullptr && !worker_->NodeStatus(peer).ok());
   p->incarnation = incarnation;
   p->ucx_address = ucx_address;
@@ -464,10 +466,13 @@ void Cluster::LivenessTick(grpc::CompletionQueue* cq, absl::flat_hash_set<Heartb
       p->heartbeat_in_flight = true;
       calls.push_back(call);
     }
-    for (auto& gone : peers_.TakeExpired(now, options_.peer_linger)) {
+    std::vector<int32_t> close;
+    for (auto& gone : peers_.TakeExpired(now, options_.peer_linger, &close)) {
       HSAP_LOG(INFO) << "peer " << gone->address << " (id " << gone->id
-                     << ") released: no live group uses it";
-      if (worker_ != nullptr) worker_->Disconnect(gone->id);
+                     << ") released: no live group uses it (its UCX endpoint stays parked)";
+    }
+    for (int32_t id : close) {
+      if (worker_ != nullptr) worker_->Disconnect(id);
     }
   }
   for (const auto& [peer, why] : downs) MarkDown(peer, why);

@@ -187,10 +187,19 @@ TEST_F(GroupFormationTest, FormsAgreesFailsApartAndReleases) {
     EXPECT_TRUE(nodes_[i].cluster->GroupStates().empty());
     EXPECT_EQ(nodes_[i].cluster->PeerCounts(), (std::array<int, 4>{0, 0, 0, 0}));
   }
-  // A new group of 0 and 1 forms again, with new peer ids.
+  // A new group of 0 and 1 forms again on the parked endpoints: the same
+  // peer ids, and neither node reconnects (closing one side would break
+  // the other's endpoint: peer_table.h).
+  const uint64_t generation0 = nodes_[0].worker->ConnectionGeneration(g_ids[0][1]);
+  const uint64_t generation1 = nodes_[1].worker->ConnectionGeneration(g_ids[1][0]);
+  EXPECT_GE(generation0, 1u);
   std::vector<std::vector<int32_t>> again;
   for (const absl::Status& st : Form("G2", {0, 1}, &again)) ASSERT_TRUE(st.ok()) << st;
-  EXPECT_GT(again[0][1], g_ids[0][1]);
+  EXPECT_EQ(again[0][1], g_ids[0][1]);
+  EXPECT_EQ(again[1][0], g_ids[1][0]);
+  EXPECT_EQ(nodes_[0].worker->ConnectionGeneration(again[0][1]), generation0);
+  EXPECT_EQ(nodes_[1].worker->ConnectionGeneration(again[1][0]), generation1);
+  EXPECT_TRUE(nodes_[0].worker->NodeStatus(again[0][1]).ok());
 }
 
 TEST_F(GroupFormationTest, ARootWhoseMemberNeverComesFailsAtTheDeadline) {

@@ -17,7 +17,7 @@ using ::testing::HasSubstr;
 
 const absl::Time kT0 = absl::FromUnixSeconds(1000);
 
-TEST(PeerTableTest, RuntimePeersAreReferenceCountedAndIdsNeverReused) {
+TEST(PeerTableTest, RuntimePeersAreReferenceCountedAndKeepTheirIds) {
   PeerTable t(8);
   EXPECT_EQ(t.AddPinned("h:1", /*self=*/true)->id, 0);
   EXPECT_EQ(t.AddPinned("h:2", false)->id, 1);
@@ -45,13 +45,47 @@ TEST(PeerTableTest, RuntimePeersAreReferenceCountedAndIdsNeverReused) {
   EXPECT_EQ(t.FindAddress("h:9"), nullptr);
   EXPECT_EQ(t.Find(2), nullptr);
   EXPECT_EQ(t.runtime_peers(), 0);
-  // Back again: a new id.
+  // Back again: its old id (the endpoint was parked, not closed), and what
+  // it was connected to.
+  EXPECT_EQ(t.parked(), 1);
   auto back = t.Reference("h:9", nullptr);
   ASSERT_TRUE(back.ok());
-  EXPECT_EQ((*back)->id, 3);
+  EXPECT_EQ((*back)->id, 2);
+  EXPECT_EQ(t.parked(), 0);
   EXPECT_EQ(t.All().size(), 3u);
+  EXPECT_EQ(t.Reference("h:10", nullptr).value()->id, 3);
   // A referenced peer is not released, whatever the time.
   EXPECT_TRUE(t.TakeExpired(kT0 + absl::Hours(9), absl::Seconds(5)).empty());
+}
+
+// Parked endpoints beyond --max_peers are closed, oldest first.
+TEST(PeerTableTest, ParkedEndpointsBeyondMaxPeersAreClosedOldestFirst) {
+  PeerTable t(1);
+  t.AddPinned("self:1", true);
+  std::vector<int32_t> close;
+  // a:1 (id 1) parks at +5 s, b:1 (id 2) at +15 s: two parked, limit 1.
+  absl::Time at = kT0;
+  for (const char* address : {"a:1", "b:1"}) {
+    auto p = t.Reference(address, nullptr);
+    ASSERT_TRUE(p.ok()) << p.status();
+    (*p)->connected_incarnation = 7;
+    t.Unreference((*p)->id, at);
+    EXPECT_EQ(t.TakeExpired(at + absl::Seconds(5), absl::Seconds(5), &close).size(), 1u);
+    at += absl::Seconds(10);
+  }
+  EXPECT_EQ(close, std::vector<int32_t>{1});  // the oldest, a:1
+  EXPECT_EQ(t.parked(), 1);
+  auto back = t.Reference("b:1", nullptr);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ((*back)->id, 2);
+  EXPECT_EQ((*back)->connected_incarnation, 7u);
+  t.Unreference(2, at);
+  t.TakeExpired(at + absl::Seconds(5), absl::Seconds(5), &close);
+  // The closed one comes back under a new id, connected to nothing.
+  auto fresh = t.Reference("a:1", nullptr);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ((*fresh)->id, 3);
+  EXPECT_EQ((*fresh)->connected_incarnation, 0u);
 }
 
 TEST(PeerTableTest, MaxPeersRefusesNamingTheFlag) {

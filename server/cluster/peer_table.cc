@@ -16,9 +16,9 @@ const char* NodeStateName(NodeState state) {
   return "?";
 }
 
-PeerRecord* PeerTable::Add(const std::string& address) {
+PeerRecord* PeerTable::Add(const std::string& address, int32_t id) {
   auto record = std::make_unique<PeerRecord>();
-  record->id = next_id_++;
+  record->id = id >= 0 ? id : next_id_++;
   record->address = address;
   PeerRecord* p = record.get();
   by_address_[address] = p->id;
@@ -43,7 +43,17 @@ absl::StatusOr<PeerRecord*> PeerTable::Reference(
           "this daemon already references ", runtime_peers_, " run-time peers, the limit "
           "(--max_peers); '", address.substr(0, 256), "' cannot be added until a group ends"));
     }
-    p = Add(address);
+    auto parked = parked_.find(address);
+    if (parked != parked_.end()) {
+      // Back within the parking: its old id and endpoint (the incarnation
+      // is learnt again at formation; a new one reconnects).
+      p = Add(address, parked->second.id);
+      p->connected_incarnation = parked->second.connected_incarnation;
+      p->ucx_address = parked->second.ucx_address;
+      parked_.erase(parked);
+    } else {
+      p = Add(address);
+    }
     ++runtime_peers_;
     if (make_stub) p->stub = make_stub(address);
   }
@@ -58,7 +68,8 @@ void PeerTable::Unreference(int32_t id, absl::Time now) {
 }
 
 std::vector<std::unique_ptr<PeerRecord>> PeerTable::TakeExpired(absl::Time now,
-                                                                absl::Duration linger) {
+                                                                absl::Duration linger,
+                                                                std::vector<int32_t>* close) {
   std::vector<std::unique_ptr<PeerRecord>> out;
   for (auto it = by_id_.begin(); it != by_id_.end();) {
     PeerRecord& p = *it->second;
@@ -68,8 +79,17 @@ std::vector<std::unique_ptr<PeerRecord>> PeerTable::TakeExpired(absl::Time now,
     }
     by_address_.erase(p.address);
     --runtime_peers_;
+    parked_[p.address] = Parked{p.id, p.connected_incarnation, p.ucx_address, now};
     out.push_back(std::move(it->second));
     it = by_id_.erase(it);
+  }
+  while (static_cast<int32_t>(parked_.size()) > max_peers_) {
+    auto oldest = parked_.begin();
+    for (auto it = parked_.begin(); it != parked_.end(); ++it) {
+      if (it->second.since < oldest->second.since) oldest = it;
+    }
+    if (close != nullptr) close->push_back(oldest->second.id);
+    parked_.erase(oldest);
   }
   return out;
 }

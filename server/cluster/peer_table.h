@@ -6,9 +6,16 @@
 //    (server/cluster/group_table.h), added when a local rank's call names
 //    them (CallId.nodes), reference-counted by the groups and calls that
 //    use them, and released once unreferenced for the linger.
-// A peer's id (the UcxWorker endpoint key, the node of ActiveCalls) is
-// never reused during the process: a released peer that comes back gets a
-// new id. Plain data, not thread-safe: the Cluster guards it with its mutex.
+// A peer's id (the UcxWorker endpoint key, the node of ActiveCalls) stays
+// with its address. A released peer's record goes, but its UCX endpoint is
+// *parked* (kept open under its id, with the incarnation it was connected
+// to), and a peer that comes back takes its old id and endpoint again:
+// closing one side of a connection breaks the other side's endpoint in
+// UCX's TCP transport, and the other node, whose linger has not run out,
+// may be reusing that endpoint for a new group at that very moment
+// (job_groups_test hit it under load). At most --max_peers endpoints stay
+// parked; beyond, the oldest is closed. Plain data, not thread-safe: the
+// Cluster guards it with its mutex.
 #ifndef HSAP_SERVER_CLUSTER_PEER_TABLE_H_
 #define HSAP_SERVER_CLUSTER_PEER_TABLE_H_
 
@@ -73,8 +80,13 @@ class PeerTable {
   // ignored); at 0 it starts lingering from `now`.
   void Unreference(int32_t id, absl::Time now);
   // Removes and returns the run-time peers without a reference since at
-  // least `linger` before `now`.
-  std::vector<std::unique_ptr<PeerRecord>> TakeExpired(absl::Time now, absl::Duration linger);
+  // least `linger` before `now`, parking their endpoints; appends to
+  // `close` (when not null) the ids of parked endpoints evicted beyond
+  // --max_peers, oldest first, which the caller must disconnect.
+  std::vector<std::unique_ptr<PeerRecord>> TakeExpired(absl::Time now, absl::Duration linger,
+                                                       std::vector<int32_t>* close = nullptr);
+  // Endpoints parked (released peers whose UCX endpoint is kept).
+  int32_t parked() const { return static_cast<int32_t>(parked_.size()); }
 
   PeerRecord* Find(int32_t id) const;
   PeerRecord* FindAddress(absl::string_view address) const;
@@ -84,11 +96,20 @@ class PeerTable {
   int32_t max_peers() const { return max_peers_; }
 
  private:
-  PeerRecord* Add(const std::string& address);
+  // A parked endpoint: the id, and the incarnation and UCX address it is
+  // connected to.
+  struct Parked {
+    int32_t id = 0;
+    uint64_t connected_incarnation = 0;
+    std::string ucx_address;
+    absl::Time since;
+  };
+  PeerRecord* Add(const std::string& address, int32_t id = -1);
 
   int32_t max_peers_;
   std::map<int32_t, std::unique_ptr<PeerRecord>> by_id_;
   absl::flat_hash_map<std::string, int32_t> by_address_;
+  absl::flat_hash_map<std::string, Parked> parked_;  // by address
   int32_t next_id_ = 0;
   int32_t runtime_peers_ = 0;
 };

@@ -2,7 +2,8 @@
 // on 3 daemons started with --port and no --peers (2 CPU device slots
 // each): group A on nodes {0, 1} with 2 ranks per node, B on nodes {1, 2}
 // with 1, C on node {2} alone run at the same time and each equals its
-// float64 reference; then node 0 is killed: A's calls end UNAVAILABLE or
+// float64 reference (each group's ranks are the sessions of a client
+// process of its own: group_process.h); then node 0 is killed: A's calls end UNAVAILABLE or
 // ABORTED within 2x their deadline while B and C keep succeeding (node 0 is
 // outside their failure domain); node 0 restarted (a new incarnation, same
 // port), A formed again under a new name succeeds. 200 groups created and
@@ -25,6 +26,7 @@
 #include "hsap/v1/cluster.grpc.pb.h"
 #include "server/metrics/test_util.h"
 #include "tests/integration/group_call.h"
+#include "tests/integration/group_process.h"
 #include "tests/integration/local_cluster.h"
 
 namespace hsap::testing {
@@ -61,6 +63,17 @@ struct GroupShape {
 
 const GroupShape kA{"A", {0, 1}, 2}, kB{"B", {1, 2}, 1}, kC{"C", {2}, 2};
 
+// The test the child processes of RunInChild run (below).
+constexpr char kChildTest[] = "JobGroupsChild.RunsOneGroup";
+
+// Runs `spec` on the problem (Structure(), causal, `seed`) in a client
+// process of its own; a harness failure (the child crashed or hung) is the
+// outer status.
+absl::StatusOr<ChildGroupResult> RunInChild(uint64_t seed, const GroupSpec& spec) {
+  return RunGroupInChild(Structure(), true, seed, spec, kChildTest,
+                         absl::Milliseconds(2 * spec.deadline_ms) + absl::Seconds(30));
+}
+
 // Runs `shape` again and again under fresh names until `stop`, recording
 // each run's outcome.
 struct Loop {
@@ -70,16 +83,17 @@ struct Loop {
   std::vector<absl::Time> begins;
 };
 
-void RunLoop(LocalCluster& cluster, const GroupShape& shape, const GlobalProblem& p,
+void RunLoop(LocalCluster& cluster, const GroupShape& shape, uint64_t seed,
              std::atomic<bool>* stop, Loop* out) {
   for (int i = 0; !stop->load(); ++i) {
     GroupSpec spec = Declared(cluster, absl::StrCat(shape.name, "-loop-", i), shape.nodes,
                               shape.rpn, hsap::v1::STRATEGY_SAP);
     const absl::Time begin = absl::Now();
-    auto r = RunGroup(p, spec);
+    auto r = RunInChild(seed, spec);
+    const absl::Status status = r.ok() ? r->status : r.status();
     absl::MutexLock lock(&out->mu);
-    out->statuses.push_back(r.status());
-    out->errors.push_back(r.ok() ? r->max_error : INFINITY);
+    out->statuses.push_back(status);
+    out->errors.push_back(status.ok() ? r->max_error : INFINITY);
     out->begins.push_back(begin);
   }
 }
@@ -129,27 +143,28 @@ TEST(JobGroupsTest, GroupsFormedAtRunTimeRunAtOnceAndFailApart) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE((*cluster)->WaitFormed(absl::Seconds(30)).ok());
   LocalCluster& c = **cluster;
-  const GlobalProblem pa = MakeProblem(Structure(), true, 11);
-  const GlobalProblem pb = MakeProblem(Structure(), true, 12);
-  const GlobalProblem pc = MakeProblem(Structure(), true, 13);
+  // Problem seeds of A, B and C (each child process makes its problem and
+  // float64 reference).
+  const uint64_t pa = 11, pb = 12, pc = 13;
 
   for (auto strategy : {hsap::v1::STRATEGY_SAP, hsap::v1::STRATEGY_HSAP, hsap::v1::STRATEGY_USP,
                         hsap::v1::STRATEGY_RING, hsap::v1::STRATEGY_AUTO}) {
     const std::string s = hsap::v1::Strategy_Name(strategy);
     SCOPED_TRACE(s);
     auto a = std::async(std::launch::async, [&] {
-      return RunGroup(pa, Declared(c, "A-" + s, kA.nodes, kA.rpn, strategy));
+      return RunInChild(pa, Declared(c, "A-" + s, kA.nodes, kA.rpn, strategy));
     });
     auto b = std::async(std::launch::async, [&] {
-      return RunGroup(pb, Declared(c, "B-" + s, kB.nodes, kB.rpn, strategy));
+      return RunInChild(pb, Declared(c, "B-" + s, kB.nodes, kB.rpn, strategy));
     });
     auto g = std::async(std::launch::async, [&] {
-      return RunGroup(pc, Declared(c, "C-" + s, kC.nodes, kC.rpn, strategy));
+      return RunInChild(pc, Declared(c, "C-" + s, kC.nodes, kC.rpn, strategy));
     });
     auto ra = a.get(), rb = b.get(), rc = g.get();
-    ASSERT_TRUE(ra.ok()) << "A: " << ra.status();
-    ASSERT_TRUE(rb.ok()) << "B: " << rb.status();
-    ASSERT_TRUE(rc.ok()) << "C: " << rc.status();
+    ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok()) << ra.status() << rb.status() << rc.status();
+    ASSERT_TRUE(ra->status.ok()) << "A: " << ra->status;
+    ASSERT_TRUE(rb->status.ok()) << "B: " << rb->status;
+    ASSERT_TRUE(rc->status.ok()) << "C: " << rc->status;
     EXPECT_LE(ra->max_error, 1e-5);
     EXPECT_LE(rb->max_error, 1e-5);
     EXPECT_LE(rc->max_error, 1e-5);
@@ -173,13 +188,11 @@ TEST(JobGroupsTest, GroupsFormedAtRunTimeRunAtOnceAndFailApart) {
   GroupSpec doomed = Declared(c, "A-doomed", kA.nodes, kA.rpn, hsap::v1::STRATEGY_SAP);
   doomed.deadline_ms = 10000;
   doomed.missing_rank = 1;
-  std::vector<absl::Status> statuses;
-  doomed.statuses = &statuses;
   std::atomic<bool> stop{false};
   Loop loop_b, loop_c;
   std::thread tb([&] { RunLoop(c, kB, pb, &stop, &loop_b); });
   std::thread tc([&] { RunLoop(c, kC, pc, &stop, &loop_c); });
-  auto a = std::async(std::launch::async, [&] { return RunGroup(pa, doomed); });
+  auto a = std::async(std::launch::async, [&] { return RunInChild(pa, doomed); });
   absl::SleepFor(absl::Milliseconds(1500));
   const absl::Time killed = absl::Now();
   c.Kill(0);
@@ -200,8 +213,10 @@ TEST(JobGroupsTest, GroupsFormedAtRunTimeRunAtOnceAndFailApart) {
   tb.join();
   tc.join();
 
-  ASSERT_FALSE(ra.ok());
-  ASSERT_EQ(statuses.size(), 3u) << ra.status();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_FALSE(ra->status.ok());
+  const std::vector<absl::Status>& statuses = ra->callers;
+  ASSERT_EQ(statuses.size(), 3u) << ra->status;
   for (size_t i = 0; i < statuses.size(); ++i) {
     const absl::Status& st = statuses[i];
     EXPECT_TRUE(absl::IsUnavailable(st) || absl::IsAborted(st)) << "A's caller " << i << ": " << st;
@@ -233,8 +248,9 @@ TEST(JobGroupsTest, GroupsFormedAtRunTimeRunAtOnceAndFailApart) {
   // Node 0 comes back (a new incarnation on the same port): A formed again
   // under a new name runs; node 1 connects to the new incarnation.
   ASSERT_TRUE(c.Restart(0).ok());
-  auto again = RunGroup(pa, Declared(c, "A-again", kA.nodes, kA.rpn, hsap::v1::STRATEGY_HSAP));
+  auto again = RunInChild(pa, Declared(c, "A-again", kA.nodes, kA.rpn, hsap::v1::STRATEGY_HSAP));
   ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(again->status.ok()) << again->status;
   EXPECT_LE(again->max_error, 1e-5);
   std::printf("node 0 restarted: A formed again as 'A-again', max rel error %.3g\n",
               again->max_error);
@@ -397,6 +413,17 @@ TEST(JobGroupsTest, HsapdRefusesBadAdvertisedAddresses) {
       EXPECT_NE(text.find(piece), std::string::npos) << "missing: " << piece << "\n" << text;
     }
   }
+}
+
+// Not a test of its own: the body of the client processes RunInChild
+// starts (this binary, filtered to this test, with the group's spec in the
+// environment). Skipped in a normal run.
+TEST(JobGroupsChild, RunsOneGroup) {
+  if (std::getenv(kGroupChildSpecEnv) == nullptr) {
+    GTEST_SKIP() << "runs only in the child processes of the tests above";
+  }
+  const absl::Status s = RunGroupChild();
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 }  // namespace
