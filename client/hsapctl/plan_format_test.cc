@@ -31,7 +31,7 @@ TEST(PlanFormatTest, JsonHasTheDocumentedFields) {
   auto p = plan::CompilePlan(spec);
   ASSERT_TRUE(p.ok());
   const std::string json = PlanToJson(*p, true);
-  for (const std::string field :
+  for (const std::string& field :
        std::vector<std::string>{"\"rank\": 3", "\"tokens\": 16", "\"token_ranges\": [[", "\"recv_bytes\"",
         "\"send_bytes\"", "\"area\"", "\"lower_bound_recv_bytes\"", "\"imbalance\"",
         "\"modeled_time_us\"", "\"compile_us\"", "\"plan_key\": \"" + p->key.ToHex() + "\"",
