@@ -46,10 +46,6 @@ struct Cluster::HeartbeatCall {
   uint64_t sent_to = 0;  // the incarnation it was sent to
 };
 
-namespace {
-
-}  // namespace
-
 absl::StatusOr<std::vector<int32_t>> Cluster::AcquireGroup(const std::string& group,
                                                            const std::vector<std::string>& nodes,
                                                            int32_t node_index) {
