@@ -21,9 +21,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
-#include "hsap/v1/cluster.grpc.pb.h"
+#include "hsap/v1/cluster.pb.h"
 #include "server/metrics/test_util.h"
 #include "tests/integration/group_call.h"
 #include "tests/integration/group_process.h"
@@ -98,25 +97,13 @@ void RunLoop(LocalCluster& cluster, const GroupShape& shape, uint64_t seed,
   }
 }
 
-// Node i's GetClusterStatus (over its Unix socket).
-absl::StatusOr<hsap::v1::GetClusterStatusResponse> Status(LocalCluster& c, int i) {
-  auto stub = hsap::v1::Cluster::NewStub(
-      grpc::CreateChannel("unix:" + c.sockets()[i], grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  hsap::v1::GetClusterStatusResponse resp;
-  const grpc::Status st = stub->GetClusterStatus(&ctx, {}, &resp);
-  if (!st.ok()) return absl::UnavailableError(st.error_message());
-  return resp;
-}
-
 // Waits (bounded) until node i holds no group and no peer but itself: its
 // baseline without --peers. Returns how long it took, or the last status.
 absl::StatusOr<absl::Duration> WaitBaseline(LocalCluster& c, int i, absl::Duration limit) {
   const absl::Time start = absl::Now();
   std::string last;
   while (absl::Now() - start < limit) {
-    auto s = Status(c, i);
+    auto s = c.Status(i);
     if (s.ok() && s->groups_size() == 0 && s->nodes_size() == 1 &&
         s->nodes(0).address() == c.address(i)) {
       return absl::Now() - start;
@@ -277,7 +264,7 @@ TEST(JobGroupsTest, TwoHundredGroupsLeaveTablesAtBaseline) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
   for (int i = 0; i < 3; ++i) {
-    auto s = Status(c, i);
+    auto s = c.Status(i);
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_EQ(s->self_address(), c.address(i));
     EXPECT_EQ(s->groups_size(), 0);

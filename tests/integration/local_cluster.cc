@@ -91,17 +91,23 @@ std::vector<std::string> LocalCluster::sockets() const {
   return out;
 }
 
+absl::StatusOr<hsap::v1::GetClusterStatusResponse> LocalCluster::Status(int i) const {
+  auto stub = hsap::v1::Cluster::NewStub(
+      grpc::CreateChannel("unix:" + procs_[i]->socket(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  hsap::v1::GetClusterStatusResponse resp;
+  const grpc::Status st = stub->GetClusterStatus(&ctx, {}, &resp);
+  if (!st.ok()) return absl::UnavailableError(st.error_message());
+  return resp;
+}
+
 absl::Status LocalCluster::WaitFormed(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (int i = 0; i < nodes(); ++i) {
-    auto stub = hsap::v1::Cluster::NewStub(
-        grpc::CreateChannel("unix:" + procs_[i]->socket(), grpc::InsecureChannelCredentials()));
     while (true) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-      hsap::v1::GetClusterStatusResponse resp;
-      const grpc::Status st = stub->GetClusterStatus(&ctx, {}, &resp);
-      if (st.ok() && resp.formed()) break;
+      auto status = Status(i);
+      if (status.ok() && status->formed()) break;
       if (absl::Now() > deadline) {
         return absl::DeadlineExceededError(absl::StrCat("node ", i, " did not see the cluster formed"));
       }

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "hsap/v1/cluster.pb.h"
 #include "tests/integration/test_daemon.h"
 
 namespace hsap::testing {
@@ -35,6 +36,9 @@ class LocalCluster {
       std::vector<std::vector<std::string>> node_flags = {});
   // OK once every daemon reports the cluster formed.
   absl::Status WaitFormed(absl::Duration timeout);
+  // Node i's GetClusterStatus over its Unix socket (a 2 s deadline);
+  // UNAVAILABLE with gRPC's message when it does not answer.
+  absl::StatusOr<hsap::v1::GetClusterStatusResponse> Status(int i) const;
 
   int nodes() const { return static_cast<int>(ports_.size()); }
   // Node i's TCP port (peers and operators).
