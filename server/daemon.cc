@@ -88,10 +88,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::InvalidArgumentError(
         absl::StrCat("devices: cpu:", options.cpu_devices, " must name 1 to 1024 CPU slots"));
   }
-  if (!plan::IsKnownProfile(options.profile)) {
+  if (options.profile != plan::kMeasuredProfile && !plan::IsKnownProfile(options.profile)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "profile '", options.profile, "' is not one of ",
-        absl::StrJoin(plan::HardwareProfileNames(), ", ")));
+        "profile '", options.profile, "' is not 'measured', one of ",
+        absl::StrJoin(plan::HardwareProfileNames(), ", "), " or a valid custom:... profile (",
+        plan::ParseHardwareProfile(options.profile).status().message(), ")"));
   }
   DaemonOptions resolved = options;
   const int num_nodes = std::max<int>(1, static_cast<int>(options.peers.size()));
@@ -233,9 +234,13 @@ absl::StatusOr<int> Daemon::StartServices() {
   regions_ = std::make_unique<RegionsService>(
       RegionsDeps{&s->sessions, &s->regions, refresh, options_.tcp_token});
   cluster_ = std::make_unique<ClusterService>(
-      ClusterDeps{&s->gate, &s->sessions, cluster_node_.get(), s->slots.get(), options_.tcp_token});
-  plans_ = std::make_unique<PlansService>(&state_->plans, options_.tcp_token,
-                                          plan::SpecDefaults{options_.profile}, s->limits);
+      ClusterDeps{&s->gate, &s->sessions, cluster_node_.get(), s->slots.get(), options_.tcp_token,
+                  options_.profile, &s->measured});
+  plan::SpecDefaults defaults{options_.profile};
+  defaults.measured = [s](DType dtype, int32_t head_dim) {
+    return s->measured.LocalProfile(dtype, head_dim);
+  };
+  plans_ = std::make_unique<PlansService>(&state_->plans, options_.tcp_token, defaults, s->limits);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -288,6 +293,16 @@ absl::Status Daemon::StartCluster() {
   c.down_after = options_.peer_down_after;
   cluster::Cluster* node = cluster_node_.get();
   transport::UcxWorker* worker = ucx_.get();
+  // A group's root plans its groups with its own compute rate and intra
+  // tier (the links it measures itself).
+  exec::MeasuredProfiles* measured = &state_->measured;
+  node->SetLocalProfile(
+      [measured](DType dtype, int32_t head_dim) -> absl::StatusOr<plan::HardwareProfile> {
+        auto rate = measured->Compute(dtype, head_dim);
+        if (!rate.ok()) return rate.status();
+        const exec::IntraTier intra = measured->Intra();
+        return exec::MeasuredHardwareProfile(*rate, intra, intra.bytes_per_s, intra.latency_s);
+      });
   if (c.peers.empty()) {
     // No static cluster: nothing to wait for (groups form at run time).
     return node->Start(c, worker);

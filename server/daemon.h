@@ -73,7 +73,9 @@ struct DaemonOptions {
   int64_t memory_budget_bytes = 0;
   // The cost model's hardware profile for plans whose request names none:
   // every Attention call, and Plans requests with an empty profile.
-  std::string profile = "cpu-loopback";
+  // "measured" (plan::kMeasuredProfile): what the daemon measures (see
+  // hsapd --help and docs/planner.md, "Measured profiles").
+  std::string profile = "measured";
   // Deadline of a call whose request gives none (CallOptions.deadline_ms 0).
   absl::Duration call_deadline = absl::Seconds(60);
   // Caps (docs/reliability.md). region_limits.max_mappings 0: the default,

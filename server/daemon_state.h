@@ -15,6 +15,7 @@
 #include "server/exec/call_matcher.h"
 #include "server/exec/call_runner.h"
 #include "server/exec/device_slots.h"
+#include "server/exec/measured_profile.h"
 #include "server/metrics/hsap_metrics.h"
 #include "server/metrics/registry.h"
 #include "server/plan/plan_cache.h"
@@ -36,9 +37,15 @@ struct DaemonState {
         memory(memory_budget_bytes),
         slots(exec::DeviceSlots::Cpu(static_cast<int>(devices.size()),
                                      cpu_threads / std::max<int>(1, devices.size()), &memory)),
+        measured(slots.get()),
         plans(plan::PlanCacheOptions{.compile_threads = plan_compile_threads}),
         matcher(CallResources(runner_options)),
-        runner(runner_options, &plans, &matcher, &active, slots.get()) {}
+        runner(WithMeasured(runner_options, &measured), &plans, &matcher, &active, slots.get()) {}
+
+  static CallRunnerOptions WithMeasured(CallRunnerOptions o, exec::MeasuredProfiles* measured) {
+    o.measured = measured;
+    return o;
+  }
 
   // Refreshes the gauges that mirror other parts' state (regions, sessions,
   // plan cache); called after each call and region change.
@@ -68,6 +75,8 @@ struct DaemonState {
   exec::MemoryBudget memory;  // --memory_budget_bytes
   // One compute backend per device slot.
   std::unique_ptr<exec::DeviceSlots> slots;
+  // What this daemon measured of itself (--profile=measured).
+  exec::MeasuredProfiles measured;
   plan::PlanCache plans;
   CallMatcher matcher;
   ActiveCalls active;

@@ -39,10 +39,12 @@ ABSL_FLAG(int, plan_compile_threads, 0,
 ABSL_FLAG(int64_t, memory_budget_bytes, 0,
           "call memory (accumulators, stage buffers) all calls together may hold; a call that "
           "does not fit is RESOURCE_EXHAUSTED. 0 = half of the machine's memory");
-ABSL_FLAG(std::string, profile, "cpu-loopback",
+ABSL_FLAG(std::string, profile, "measured",
           "hardware profile of the cost model for every plan this daemon compiles whose request "
-          "names none (Attention calls; Plans requests with an empty profile): h100, h200, "
-          "cpu-loopback");
+          "names none (Attention calls; Plans requests with an empty profile). 'measured': this "
+          "daemon's own compute rate per dtype and head dim (a short kernel run the first time a "
+          "plan needs it) and, for a multi-node group, its root's rate and measured links to the "
+          "members; or a fixed one: h100, h200, cpu-loopback, custom:flops=...,...");
 ABSL_FLAG(int, call_deadline_ms, 60000,
           "deadline of a call whose request gives none: every rank must arrive and finish by then");
 ABSL_FLAG(std::vector<std::string>, peers, {},

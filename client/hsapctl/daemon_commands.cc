@@ -4,7 +4,8 @@
 //   hsapctl plans show <plan_key>      one plan (--format=json: the whole plan)
 //   hsapctl plans stats                plan cache counters
 //   hsapctl plans evict <key>... | --all
-//   hsapctl cluster                    nodes, states, heartbeats, devices
+//   hsapctl cluster                    nodes, states, heartbeats, links, devices,
+//                                      the cost profile, groups
 //   hsapctl regions                    registered regions (all sessions over
 //                                      --target with the token; over the Unix
 //                                      socket only hsapctl's own session)
@@ -241,12 +242,39 @@ int RunClusterCommand(const std::vector<std::string>& args) {
       devices.push_back(absl::StrFormat("%s(%u active, %.1fs busy)", d.name(), d.active_calls(),
                                         d.busy_seconds_total()));
     }
+    const std::string link =
+        n.link_bytes_per_s() > 0
+            ? absl::StrFormat("%.3g B/s %.0fus", n.link_bytes_per_s(), n.link_latency_us())
+            : "-";
     rows.push_back({absl::StrCat(n.node_rank()), n.address(),
                     EnumWord(hsap::v1::NodeState_Name(n.state()), "NODE_STATE_"),
-                    absl::StrFormat("%.2f", n.heartbeat_age_seconds()), n.version(),
+                    absl::StrFormat("%.2f", n.heartbeat_age_seconds()), n.version(), link,
                     absl::StrJoin(devices, " ")});
   }
-  PrintTable({"NODE", "ADDRESS", "STATE", "HEARTBEAT_AGE_S", "VERSION", "DEVICES"}, rows);
+  PrintTable({"NODE", "ADDRESS", "STATE", "HEARTBEAT_AGE_S", "VERSION", "LINK", "DEVICES"}, rows);
+  // The cost profile: the setting, and what this daemon measured so far.
+  std::printf("\ncost profile: %s\n", response.profile().c_str());
+  if (response.intra_bytes_per_s() > 0) {
+    std::printf("  intra-node: %.3g B/s, %.3g us\n", response.intra_bytes_per_s(),
+                response.intra_latency_us());
+  }
+  for (const auto& m : response.measured_compute()) {
+    std::printf("  %s d%d: %.3g FLOP/s forward, backward %.3gx\n",
+                EnumWord(hsap::v1::DType_Name(m.dtype()), "DTYPE_").c_str(), m.head_dim(),
+                m.forward_flops(), m.backward_factor());
+  }
+  for (const std::string& p : response.static_profiles()) {
+    std::printf("  static cluster: %s\n", p.c_str());
+  }
+  if (response.groups_size() > 0) {
+    std::vector<std::vector<std::string>> groups;
+    for (const auto& g : response.groups()) {
+      groups.push_back({g.name(), g.state(), absl::StrCat(g.uid()), absl::StrJoin(g.nodes(), ","),
+                        g.profiles().empty() ? "-" : absl::StrJoin(g.profiles(), "; ")});
+    }
+    std::printf("\n");
+    PrintTable({"GROUP", "STATE", "UID", "NODES", "PROFILES"}, groups);
+  }
   return 0;
 }
 

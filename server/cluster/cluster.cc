@@ -184,6 +184,10 @@ std::vector<NodeStatus> Cluster::NodeStates() const {
                                                                        : now - p->last_heard;
     s.references = p->references;
     s.pinned = p->pinned;
+    if (p->link.incarnation != 0) {
+      s.link_bytes_per_s = p->link.bytes_per_s;
+      s.link_latency_s = p->link.latency_s;
+    }
     states.push_back(s);
   }
   return states;
@@ -231,6 +235,9 @@ void Cluster::PeerJoined(int32_t node, uint64_t incarnation, const std::string& 
                                                 p.incarnation, " -> ", incarnation, ")"));
       p.lost = true;
       groups_.FailWithPeer(node, p.incarnation, restart);
+      // Node 0 settles the static cluster's measured profiles; a restarted
+      // member is probed again: settle them again (cluster_profiles.cc).
+      static_profiles_.clear();
     }
     p.incarnation = incarnation;
     p.ucx_address = ucx_address;

@@ -47,6 +47,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,10 +58,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/dtype.h"
 #include "hsap/v1/peer.grpc.pb.h"
+#include "server/cluster/link_probe.h"
 #include "server/cluster/group_table.h"
 #include "server/cluster/peer_table.h"
 #include "server/cluster/plan_agreement.h"
+#include "server/plan/cost_model.h"
 #include "server/transport/ucx_worker.h"
 
 namespace hsap::cluster {
@@ -107,6 +111,9 @@ struct NodeStatus {
   uint64_t incarnation = 0;  // 0 until it joined
   int32_t references = 0;
   bool pinned = false;
+  // This node's probe of the link to it (0: not measured).
+  double link_bytes_per_s = 0;
+  double link_latency_s = 0;
 };
 
 struct GroupStatus {
@@ -114,6 +121,8 @@ struct GroupStatus {
   GroupState state = GroupState::kForming;
   uint64_t uid = 0;
   std::vector<std::string> nodes;
+  // Its settled measured profiles, "<dtype>/d<head dim> custom:...".
+  std::vector<std::string> profiles;
 };
 
 class PeerServiceImpl;
@@ -200,6 +209,34 @@ class Cluster {
   void AbortCall(const std::string& group, uint64_t call_seq, const absl::Status& reason,
                  const std::vector<int32_t>& members = {});
 
+  // The measured cost profile (docs/planner.md, "Measured profiles").
+  // `local(dtype, head_dim)`: this node's compute rate and intra-node tier
+  // (the inter-node figures are the cluster's to fill). Set before Start.
+  using LocalProfileFn =
+      std::function<absl::StatusOr<plan::HardwareProfile>(DType dtype, int32_t head_dim)>;
+  void SetLocalProfile(LocalProfileFn local);
+  // The parametric profile ("custom:...") every node of a multi-node group
+  // plans its `dtype`/`head_dim` calls with: its root's compute rate and
+  // intra tier, and the slowest of the root's measured links to the
+  // members (bandwidth: the least; latency: the most), each link probed
+  // once per member incarnation (link_probe.h). The root computes it (and
+  // keeps it for the group's life: the first answer is the answer); the
+  // others ask the root (Peer.GroupProfile) and keep its answer.
+  // `declared`: the group named its nodes and was formed (FormGroup);
+  // otherwise the whole static cluster, whose root is node 0.
+  // Errors: UNAVAILABLE (a probe, or the root, failed), DEADLINE_EXCEEDED,
+  // FAILED_PRECONDITION (the group is not known or failed), INVALID_ARGUMENT
+  // naming the root when its answer is not a valid parametric profile,
+  // RESOURCE_EXHAUSTED beyond kMaxGroupProfiles (dtype, head dim) pairs.
+  static constexpr int kMaxGroupProfiles = 64;
+  absl::StatusOr<std::string> GroupProfile(const std::string& group, bool declared, DType dtype,
+                                           int32_t head_dim, absl::Time deadline);
+  // The profile GroupProfile settled on, if it did already (no RPC).
+  std::optional<std::string> KnownGroupProfile(const std::string& group, bool declared,
+                                               DType dtype, int32_t head_dim) const;
+  // The profiles of the static cluster settled so far (for status pages).
+  std::vector<std::string> StaticProfiles() const;
+
   // Every peer this node references (static ones and run-time ones).
   std::vector<NodeStatus> NodeStates() const;
   std::vector<GroupStatus> GroupStates() const;
@@ -228,6 +265,13 @@ class Cluster {
   grpc::Status OnAgreePlan(const v1::AgreePlanRequest& request, v1::AgreePlanResponse* response);
   grpc::Status OnAbortCall(const v1::AbortCallRequest& request);
   grpc::Status OnJoinGroup(const v1::JoinGroupRequest& request, v1::JoinGroupResponse* response);
+  grpc::Status OnGroupProfile(const v1::GroupProfileRequest& request, absl::Time deadline,
+                              v1::GroupProfileResponse* response);
+  // Measured profiles (cluster_profiles.cc). The root's computation, and
+  // the link to one peer (cached on its record).
+  absl::StatusOr<std::string> RootGroupProfile(const std::string& group, bool declared,
+                                               DType dtype, int32_t head_dim, absl::Time deadline);
+  absl::StatusOr<LinkFigures> PeerLink(int32_t peer, absl::Time deadline);
   // The peer id of a per-call request's sender: by `address` (+ its
   // incarnation) when set, else the static node_rank. NOT_FOUND for an
   // address this node does not reference; INVALID_ARGUMENT naming the
@@ -284,6 +328,9 @@ class Cluster {
   uint64_t next_group_uid_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<CallKey, absl::Status> aborted_calls_ ABSL_GUARDED_BY(mu_);
+  LocalProfileFn local_profile_;  // set before Start
+  std::map<std::pair<int, int32_t>, std::string> static_profiles_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex probe_mu_;  // one link probe at a time (they would share links)
 
   absl::Mutex callbacks_mu_;
   std::vector<NodeAbortCallback> node_callbacks_ ABSL_GUARDED_BY(callbacks_mu_);

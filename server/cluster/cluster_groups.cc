@@ -376,6 +376,10 @@ std::vector<GroupStatus> Cluster::GroupStates() const {
     s.state = g->state;
     s.uid = g->uid;
     for (const GroupMember& m : g->members) s.nodes.push_back(m.address);
+    for (const auto& [key, profile] : g->profiles) {
+      s.profiles.push_back(absl::StrCat(DTypeName(static_cast<DType>(key.first)), "/d",
+                                        key.second, " ", profile));
+    }
     out.push_back(std::move(s));
   }
   return out;

@@ -54,6 +54,16 @@ class GroupFormationTest : public ::testing::Test {
       n.server = builder.BuildAndStart();
       ASSERT_NE(n.server, nullptr);
       n.address = absl::StrCat("127.0.0.1:", port);
+      // Each node's own "measurement": node i computes at (i + 1) GFLOP/s.
+      const double flops = 1e9 * (&n - nodes_ + 1);
+      n.cluster->SetLocalProfile([flops](DType, int32_t) {
+        plan::HardwareProfile p;
+        p.attention_flops = flops;
+        p.intra_bytes_per_s = 2e9;
+        p.inter_bytes_per_s = 2e9;
+        p.intra_latency_s = 1e-5;
+        return absl::StatusOr<plan::HardwareProfile>(p);
+      });
       ClusterOptions o;
       o.advertise_address = n.address;
       o.heartbeat_period = absl::Milliseconds(50);
@@ -219,6 +229,99 @@ TEST_F(GroupFormationTest, ARootWhoseMemberNeverComesFailsAtTheDeadline) {
   auto wrong = nodes_[1].cluster->AcquireGroup("x", addresses, 0);
   ASSERT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(wrong.status().message(), HasSubstr("does not name this daemon"));
+}
+
+// The measured profile: every node of a group settles on its root's
+// compute rate and the root's probed links, whichever node asks first.
+TEST_F(GroupFormationTest, EveryMemberPlansWithTheRootsMeasuredProfile) {
+  std::vector<std::vector<int32_t>> ids;
+  for (const absl::Status& st : Form("P", {1, 0, 2}, &ids)) ASSERT_TRUE(st.ok()) << st;
+  std::vector<absl::StatusOr<std::string>> got(kNodes, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kNodes; ++k) {
+    threads.emplace_back([&, k] {
+      got[k] = nodes_[k].cluster->GroupProfile("P", true, DType::kBFloat16, 128,
+                                              absl::Now() + absl::Seconds(20));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int k = 0; k < kNodes; ++k) ASSERT_TRUE(got[k].ok()) << k << ": " << got[k].status();
+  EXPECT_EQ(*got[0], *got[1]);
+  EXPECT_EQ(*got[2], *got[1]);
+  auto p = plan::ParseHardwareProfile(*got[1]);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->attention_flops, 2e9);  // the root is node 1 (first in the list)
+  // Loopback gRPC moves more than 10 MB/s, in well under 100 ms a round trip.
+  EXPECT_GT(p->inter_bytes_per_s, 1e7);
+  EXPECT_GT(p->inter_latency_s, 0);
+  EXPECT_LT(p->inter_latency_s, 0.1);
+  // The root probed both members; the members probed nobody.
+  for (const NodeStatus& s : nodes_[1].cluster->NodeStates()) {
+    if (s.address == nodes_[1].address) continue;
+    EXPECT_GT(s.link_bytes_per_s, 0) << s.address;
+  }
+  for (const NodeStatus& s : nodes_[0].cluster->NodeStates()) EXPECT_EQ(s.link_bytes_per_s, 0);
+  EXPECT_EQ(nodes_[0].cluster->KnownGroupProfile("P", true, DType::kBFloat16, 128), *got[1]);
+  EXPECT_EQ(nodes_[0].cluster->KnownGroupProfile("P", true, DType::kFloat32, 128), std::nullopt);
+  ASSERT_EQ(nodes_[2].cluster->GroupStates()[0].profiles.size(), 1u);
+  EXPECT_THAT(nodes_[2].cluster->GroupStates()[0].profiles[0], HasSubstr("bfloat16/d128 custom:"));
+  // A group of the same members under another name reuses the links
+  // (probed once per member incarnation).
+  for (const absl::Status& st : Form("P2", {1, 0}, &ids)) ASSERT_TRUE(st.ok()) << st;
+  auto second = nodes_[0].cluster->GroupProfile("P2", true, DType::kBFloat16, 128,
+                                                absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(second.ok()) << second.status();
+  double link_to_0 = 0;
+  for (const NodeStatus& s : nodes_[1].cluster->NodeStates()) {
+    if (s.address == nodes_[0].address) link_to_0 = s.link_bytes_per_s;
+  }
+  EXPECT_EQ(plan::ParseHardwareProfile(*second)->inter_bytes_per_s, link_to_0);
+  EXPECT_LE(p->inter_bytes_per_s, link_to_0);  // P took the slowest of two links
+}
+
+TEST_F(GroupFormationTest, GroupProfileRequestsAreValidated) {
+  std::vector<std::vector<int32_t>> ids;
+  for (const absl::Status& st : Form("V", {0, 1}, &ids)) ASSERT_TRUE(st.ok()) << st;
+  auto stub = v1::Peer::NewStub(
+      grpc::CreateChannel(nodes_[0].address, grpc::InsecureChannelCredentials()));
+  auto ask = [&](const v1::GroupProfileRequest& r, v1::GroupProfileResponse* out) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return stub->GroupProfile(&context, r, out);
+  };
+  v1::GroupProfileRequest r;
+  r.set_group("V");
+  r.set_declared(true);
+  r.set_dtype(v1::DTYPE_FLOAT32);
+  r.set_head_dim(0);
+  r.set_address(nodes_[1].address);
+  r.set_incarnation(nodes_[1].cluster->incarnation());
+  v1::GroupProfileResponse out;
+  grpc::Status s = ask(r, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("head_dim is 0"));
+  r.set_head_dim(64);
+  r.set_dtype(v1::DTYPE_INT32);
+  s = ask(r, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("dtype is 4"));
+  // Not a member: node 2 asks about V.
+  r.set_dtype(v1::DTYPE_FLOAT32);
+  r.set_address(nodes_[2].address);
+  s = ask(r, &out);
+  EXPECT_TRUE(s.ok());
+  EXPECT_FALSE(out.ready());  // not a peer of node 0: "not yet", and nothing probed
+  // The member itself gets the root's profile.
+  r.set_address(nodes_[1].address);
+  r.set_incarnation(nodes_[1].cluster->incarnation());
+  s = ask(r, &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(out.ready());
+  EXPECT_EQ(plan::ParseHardwareProfile(out.profile())->attention_flops, 1e9);
+  // An undeclared group goes to node 0 of a static cluster; there is none.
+  r.set_declared(false);
+  s = ask(r, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,6 +47,8 @@ struct GroupEntry {
   GroupState state = GroupState::kForming;
   absl::Status failure;  // why, when FAILED
   bool forming = false;  // a local rank thread drives the formation
+  // Measured profiles its plans use, by (dtype, head dim) (Cluster::GroupProfile).
+  std::map<std::pair<int, int32_t>, std::string> profiles;
 
   std::vector<int32_t> peers() const;
   bool HasPeer(int32_t peer) const;

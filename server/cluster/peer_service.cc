@@ -1,5 +1,6 @@
 #include "server/cluster/peer_service.h"
 
+#include "absl/time/time.h"
 #include "server/cluster/cluster.h"
 
 namespace hsap::cluster {
@@ -33,6 +34,19 @@ grpc::Status PeerServiceImpl::JoinGroup(grpc::ServerContext* context,
                                         v1::JoinGroupResponse* response) {
   if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
   return cluster_->OnJoinGroup(*request, response);
+}
+
+grpc::Status PeerServiceImpl::ProbeLink(grpc::ServerContext* context, const v1::ProbeLinkRequest*,
+                                        v1::ProbeLinkResponse*) {
+  // The payload is only timed (by the sender); gRPC's message limit bounds it.
+  return cluster_->CheckPeerToken(*context);
+}
+
+grpc::Status PeerServiceImpl::GroupProfile(grpc::ServerContext* context,
+                                           const v1::GroupProfileRequest* request,
+                                           v1::GroupProfileResponse* response) {
+  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
+  return cluster_->OnGroupProfile(*request, absl::FromChrono(context->deadline()), response);
 }
 
 }  // namespace hsap::cluster

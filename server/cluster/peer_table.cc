@@ -50,6 +50,7 @@ absl::StatusOr<PeerRecord*> PeerTable::Reference(
       p = Add(address, parked->second.id);
       p->connected_incarnation = parked->second.connected_incarnation;
       p->ucx_address = parked->second.ucx_address;
+      p->link = parked->second.link;
       parked_.erase(parked);
     } else {
       p = Add(address);
@@ -79,7 +80,7 @@ std::vector<std::unique_ptr<PeerRecord>> PeerTable::TakeExpired(absl::Time now,
     }
     by_address_.erase(p.address);
     --runtime_peers_;
-    parked_[p.address] = Parked{p.id, p.connected_incarnation, p.ucx_address, now};
+    parked_[p.address] = Parked{p.id, p.connected_incarnation, p.ucx_address, now, p.link};
     out.push_back(std::move(it->second));
     it = by_id_.erase(it);
   }

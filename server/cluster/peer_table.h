@@ -31,6 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "hsap/v1/peer.grpc.pb.h"
+#include "server/cluster/link_probe.h"
 
 namespace hsap::cluster {
 
@@ -59,6 +60,9 @@ struct PeerRecord {
   int32_t references = 0;
   absl::Time unreferenced_since = absl::InfinitePast();
   bool heartbeat_in_flight = false;
+  // The link to it as this node's probe measured it (link_probe.h), for
+  // the incarnation it was measured with (kept while the peer is parked).
+  LinkFigures link;
 };
 
 class PeerTable {
@@ -103,6 +107,7 @@ class PeerTable {
     uint64_t connected_incarnation = 0;
     std::string ucx_address;
     absl::Time since;
+    LinkFigures link;
   };
   PeerRecord* Add(const std::string& address, int32_t id = -1);
 

@@ -1,11 +1,14 @@
 #include "server/exec/call_runner.h"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/exec/call_plan.h"
+#include "server/plan/cost_model.h"
+#include "server/plan/plan_key.h"
 #include "server/transport/inprocess_transport.h"
 #include "server/transport/ucx_transport.h"
 
@@ -200,7 +203,28 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
   if (!layout.ok()) return layout.status();
   const plan::Topology* topology = &layout->topology;
   const bool multi_node = topology->num_nodes > 1;
-  auto plan = PlanForCall(call, *topology, options.profile, plans_, &outcome->plan_cache_hit);
+  // The profile to plan with. Under "measured" a multi-node group's is
+  // settled by its root after the group formed: until then (the group's
+  // first call) the call is checked against a plan of this node's own
+  // profile, and its local ranks match on a key without the profile.
+  const bool measured = options.profile == plan::kMeasuredProfile;
+  std::string profile = options.profile;
+  if (measured) {
+    if (options.measured == nullptr) return absl::InternalError("no measured profiles");
+    std::optional<std::string> group_profile;
+    if (multi_node && options.cluster != nullptr) {
+      group_profile = options.cluster->KnownGroupProfile(call.group, call.member_addresses.size() > 1,
+                                                         call.shape.dtype, call.shape.head_dim);
+    }
+    if (group_profile.has_value()) {
+      profile = *std::move(group_profile);
+    } else {
+      auto local = options.measured->LocalProfile(call.shape.dtype, call.shape.head_dim);
+      if (!local.ok()) return local.status();
+      profile = *std::move(local);
+    }
+  }
+  auto plan = PlanForCall(call, *topology, profile, plans_, &outcome->plan_cache_hit);
   if (!plan.ok()) return plan.status();
   outcome->plan_key = (*plan)->key.ToHex();
   outcome->strategy = static_cast<int>((*plan)->strategy);
@@ -214,7 +238,13 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
   const int32_t first = layout->first_local_rank();
   const int32_t local = topology->devices_per_node;
   for (int32_t r = first; r < first + local; ++r) arrival.local_ranks.push_back(r);
-  arrival.agreement_key = absl::StrCat(outcome->plan_key, call.backward ? "/bwd" : "/fwd");
+  const std::string local_key =
+      measured && multi_node
+          ? plan::ComputePlanKey(SpecForCall(call, *topology, std::string(plan::kMeasuredProfile)),
+                                 plan::kPlanFormatVersion)
+                .ToHex()
+          : outcome->plan_key;
+  arrival.agreement_key = absl::StrCat(local_key, call.backward ? "/bwd" : "/fwd");
   arrival.members = call.member_addresses;
   arrival.member_nodes = layout->member_nodes;
   arrival.cancelled = call.cancelled;
@@ -237,6 +267,23 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
     if (!formed.ok()) {
       resources->Abort(formed);
       return formed;
+    }
+  }
+  if (measured && multi_node) {
+    auto group_profile = options.cluster->GroupProfile(call.group, resources->declared,
+                                                       call.shape.dtype, call.shape.head_dim,
+                                                       deadline);
+    if (group_profile.ok() && *group_profile != profile) {
+      plan = PlanForCall(call, *topology, *group_profile, plans_, &outcome->plan_cache_hit);
+      if (plan.ok()) {
+        outcome->plan_key = (*plan)->key.ToHex();
+        outcome->strategy = static_cast<int>((*plan)->strategy);
+      }
+    }
+    const absl::Status settled = !group_profile.ok() ? group_profile.status() : plan.status();
+    if (!settled.ok()) {
+      resources->Abort(settled);
+      return settled;
     }
   }
   ActiveCallScope scope(active_, CallName(call.group, call.call_seq), resources);

@@ -33,6 +33,7 @@
 #include "server/exec/call_matcher.h"
 #include "server/exec/device_slots.h"
 #include "server/exec/executor.h"
+#include "server/exec/measured_profile.h"
 #include "server/plan/plan_cache.h"
 #include "server/transport/comm_ids.h"
 #include "server/transport/ucx_worker.h"
@@ -43,7 +44,11 @@ struct CallRunnerOptions {
   int32_t num_nodes = 1;
   int32_t devices_per_node = 1;
   int32_t node_rank = 0;
-  std::string profile = "cpu-loopback";  // DaemonOptions::profile (--profile)
+  // DaemonOptions::profile (--profile). "measured" (plan::kMeasuredProfile):
+  // a one-node group plans with `measured`'s local profile, a multi-node
+  // group with the profile its root settles (Cluster::GroupProfile).
+  std::string profile = "cpu-loopback";
+  exec::MeasuredProfiles* measured = nullptr;  // required for "measured"
   absl::Duration default_deadline = absl::Seconds(60);
   // Set whenever the daemon has TCP (the peer layer: a static cluster, or
   // groups formed at run time); all three outlive the runner. comm_ids

@@ -1,6 +1,7 @@
 // Cluster status for operators: this node, and on a cluster every node as
 // the membership layer (server/cluster) sees it.
 #include "common/version.h"
+#include "server/plan/plan_proto.h"
 #include "server/grpc/services.h"
 #include "server/grpc/status_util.h"
 #include "server/grpc/tcp_auth.h"
@@ -34,6 +35,21 @@ grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext* context,
   response->set_epoch(c != nullptr ? c->epoch() : 1);
   response->set_active_calls(deps_.gate->in_flight());
   response->set_sessions(deps_.sessions->num_sessions());
+  response->set_profile(deps_.profile);
+  if (deps_.measured != nullptr) {
+    for (const exec::ComputeRate& r : deps_.measured->Measured()) {
+      auto* m = response->add_measured_compute();
+      m->set_dtype(plan::DTypeToProto(r.dtype));
+      m->set_head_dim(r.head_dim);
+      m->set_forward_flops(r.forward_flops);
+      m->set_backward_factor(r.backward_factor);
+    }
+    if (deps_.measured->intra_measured()) {
+      const exec::IntraTier intra = deps_.measured->intra_if_measured();
+      response->set_intra_bytes_per_s(intra.bytes_per_s);
+      response->set_intra_latency_us(intra.latency_s * 1e6);
+    }
+  }
   auto fill_self = [&](hsap::v1::NodeInfo* node) {
     node->set_version(kVersion);
     const std::vector<double> busy = deps_.slots->busy_seconds();
@@ -61,6 +77,8 @@ grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext* context,
     node->set_references(s.references);
     node->set_pinned(s.pinned);
     node->set_incarnation(s.incarnation);
+    node->set_link_bytes_per_s(s.link_bytes_per_s);
+    node->set_link_latency_us(s.link_latency_s * 1e6);
     if (s.node_rank == self) fill_self(node);
   }
   for (const cluster::GroupStatus& g : c->GroupStates()) {
@@ -69,7 +87,9 @@ grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext* context,
     group->set_state(cluster::GroupStateName(g.state));
     group->set_uid(g.uid);
     for (const std::string& n : g.nodes) group->add_nodes(n);
+    for (const std::string& p : g.profiles) group->add_profiles(p);
   }
+  for (const std::string& p : c->StaticProfiles()) response->add_static_profiles(p);
   return grpc::Status::OK;
 }
 

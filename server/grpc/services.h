@@ -17,6 +17,7 @@
 #include "server/exec/call_gate.h"
 #include "server/exec/call_runner.h"
 #include "server/exec/device_slots.h"
+#include "server/exec/measured_profile.h"
 #include "server/metrics/hsap_metrics.h"
 #include "server/shm/region_registry.h"
 #include "server/shm/session_manager.h"
@@ -78,6 +79,8 @@ struct ClusterDeps {
   cluster::Cluster* cluster = nullptr;  // null on a single node
   const exec::DeviceSlots* slots = nullptr;
   std::string tcp_token;
+  std::string profile;                           // hsapd --profile
+  const exec::MeasuredProfiles* measured = nullptr;  // what it measured so far
 };
 
 class ClusterService final : public hsap::v1::Cluster::Service {

@@ -59,6 +59,13 @@ std::vector<std::string> HardwareProfileNames();
 // be given the same string).
 inline constexpr absl::string_view kCustomProfilePrefix = "custom:";
 
+// hsapd's --profile default: not a profile but the rule that a daemon plans
+// with what it measured (its compute rate per dtype and head dim, its links
+// to a group's members; docs/planner.md, "Measured profiles"), resolved to
+// a parametric profile before any plan is compiled. ParseHardwareProfile
+// refuses it.
+inline constexpr absl::string_view kMeasuredProfile = "measured";
+
 // A named profile or a parametric one. INVALID_ARGUMENT naming the profile
 // and, for a parametric one, the field and its value: an unknown name or
 // field, a missing, repeated or empty field, a value that is not a number or

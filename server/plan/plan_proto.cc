@@ -2,9 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/plan/cost_model.h"
 
 namespace hsap::plan {
-namespace {
 
 namespace pb = ::hsap::v1;
 
@@ -16,6 +16,8 @@ pb::DType DTypeToProto(DType t) {
   }
   return pb::DTYPE_UNSPECIFIED;
 }
+
+namespace {
 
 void SliceToProto(const MaskSlice& s, pb::MaskSlice* p) {
   p->set_q_begin(s.q_begin);
@@ -253,6 +255,18 @@ absl::StatusOr<PlanSpec> PlanSpecFromProto(const pb::PlanSpec& p, const SpecDefa
   HSAP_ASSIGN_OR_RETURN(spec.strategy, StrategyFromProto(p.strategy(), "strategy"));
   HSAP_ASSIGN_OR_RETURN(spec.assignment, AssignmentFromProto(p.assignment(), "assignment"));
   spec.profile = ProfileOrDefault(p.profile(), defaults);
+  if (spec.profile == kMeasuredProfile) {
+    if (!defaults.measured) {
+      return absl::InvalidArgumentError(
+          "profile 'measured' is a daemon's own measurement; name a profile (h100, h200, "
+          "cpu-loopback or custom:...)");
+    }
+    if (spec.shape.head_dim < 1 || spec.shape.head_dim > kMaxHeadDim) {
+      return absl::InvalidArgumentError(absl::StrCat("shape.head_dim is ", spec.shape.head_dim,
+                                                     "; it must be in [1, ", kMaxHeadDim, "]"));
+    }
+    HSAP_ASSIGN_OR_RETURN(spec.profile, defaults.measured(spec.shape.dtype, spec.shape.head_dim));
+  }
   spec.recv_buffer_bytes =
       p.recv_buffer_bytes() == 0 ? kDefaultRecvBufferBytes : p.recv_buffer_bytes();
   return spec;

@@ -10,6 +10,9 @@
 #ifndef HSAP_SERVER_PLAN_PLAN_PROTO_H_
 #define HSAP_SERVER_PLAN_PLAN_PROTO_H_
 
+#include <functional>
+#include <string>
+
 #include "absl/status/statusor.h"
 #include "hsap/v1/plan.pb.h"
 #include "server/plan/plan.h"
@@ -22,6 +25,10 @@ hsap::v1::PlanSpec PlanSpecToProto(const PlanSpec& spec);
 // The defaults of a spec's unset fields that are the daemon's to choose.
 struct SpecDefaults {
   std::string profile = "cpu-loopback";  // the daemon's --profile
+  // Resolves the profile "measured" (kMeasuredProfile, given or the
+  // default) for a spec's dtype and head dim to the daemon's measured
+  // "custom:..." profile. Unset: "measured" is refused (INVALID_ARGUMENT).
+  std::function<absl::StatusOr<std::string>(DType dtype, int32_t head_dim)> measured;
 };
 
 // The one conversion of request fields to a PlanSpec, used by the Plans
@@ -35,6 +42,7 @@ absl::StatusOr<PlanSpec> PlanSpecFromProto(const hsap::v1::PlanSpec& proto,
 
 // The shared pieces. `field` names the field in errors.
 absl::StatusOr<DType> DTypeFromProto(hsap::v1::DType t, absl::string_view field);
+hsap::v1::DType DTypeToProto(DType t);
 absl::StatusOr<Strategy> StrategyFromProto(hsap::v1::Strategy s, absl::string_view field);
 absl::StatusOr<AssignmentPolicy> AssignmentFromProto(hsap::v1::AssignmentPolicy a,
                                                      absl::string_view field);

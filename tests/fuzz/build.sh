@@ -43,6 +43,7 @@ SHM="server/shm/region.cc server/shm/region_registry.cc server/shm/sigbus_guard.
 SESSIONS="$SHM server/shm/session_manager.cc server/shm/session_socket.cc"
 PLAN=$(ls server/plan/*.cc | grep -v _test.cc)
 CLUSTER="server/cluster/cluster.cc server/cluster/cluster_calls.cc server/cluster/cluster_groups.cc
+         server/cluster/cluster_profiles.cc server/cluster/link_probe.cc
          server/cluster/peer_table.cc server/cluster/group_table.cc server/cluster/node_address.cc
          server/cluster/peer_service.cc server/cluster/plan_agreement.cc
          server/cluster/peer_validation.cc server/transport/ucx_address.cc
@@ -56,7 +57,7 @@ declare -A SOURCES=(
   [register_region_fuzzer]="$COMMON $PROTO $SHM"
   [plan_spec_fuzzer]="$COMMON $PROTO $PLAN"
   [plan_compiler_fuzzer]="$COMMON $PROTO $PLAN"
-  [peer_protocol_fuzzer]="$COMMON $PROTO $CLUSTER"
+  [peer_protocol_fuzzer]="$COMMON $PROTO $CLUSTER $PLAN common/thread_pool.cc"
   [metrics_http_fuzzer]="$COMMON $METRICS"
   [session_socket_fuzzer]="$COMMON $PROTO $SESSIONS"
 )

@@ -72,7 +72,7 @@ class Dispatch:
 
 def dispatch(cu_seqlens, world_size, heads, kv_heads, head_dim, dtype=torch.float32,
              strategy="auto", assignment="balanced", nodes=1, causal=True, window_left=-1,
-             profile="cpu-loopback", client=None, *, window_size=None):
+             profile="", client=None, *, window_size=None):
     """Asks the daemon how a group of `world_size` ranks (over `nodes` nodes)
     must lay out the tokens of this mask; returns a Dispatch.
 
@@ -84,9 +84,11 @@ def dispatch(cu_seqlens, world_size, heads, kv_heads, head_dim, dtype=torch.floa
     heads, kv_heads, head_dim, dtype: the shape of q/k/v (dtype: torch dtype
       or "fp32"/"bf16"/"fp16").
     strategy, assignment: as for the attention calls / hsap.Group.
-    profile: the cost model's hardware. hsapd plans its attention calls with
-      "cpu-loopback" (server/exec/call_runner.h), and the balanced layout can
-      depend on the profile: keep the default.
+    profile: the cost model's hardware; "" (the default): the daemon's
+      (hsapd --profile, "measured" unless set), which its attention calls
+      plan with. The layout does not depend on it (the assignment policy
+      places tokens from the mask alone); the strategy `auto` resolves to
+      does.
     The call that follows must use the same mask: flash_attn_varlen_func(...,
     causal, window_size) builds hsap.masks.varlen(cu_q, cu_k, causal,
     window_size), which is what this builds from cu_seqlens, causal and

@@ -1,0 +1,96 @@
+// MeasuredProfiles: what this daemon measured of itself, for the cost
+// model's `measured` profile (hsapd --profile=measured, the default;
+// docs/planner.md, "Measured profiles").
+//
+// Compute: the first time a plan needs a (dtype, head dim), a short causal
+// attention run — forward three times, backward twice, one head of N
+// tokens with N chosen so that a forward is about 32 MFLOP — on every
+// device slot at the same time, so that slots that share cores are
+// measured sharing them. The forward rate is the mean over slots of
+// 4 * D * area / (fastest forward); backward_factor is the fastest
+// backward's time over the fastest forward's. Both are rounded to three
+// significant digits and cached for the daemon's life (at most
+// kMaxEntries head dims per dtype; beyond them the nearest one measured
+// serves).
+//
+// Intra-node tier, measured once: a memory copy's bandwidth (8 MiB, best
+// of five) and the latency of handing a message to another thread (median
+// of 200 round trips, halved).
+//
+// Thread-safe. One measurement runs at a time; callers of the same key
+// wait for it.
+#ifndef HSAP_SERVER_EXEC_MEASURED_PROFILE_H_
+#define HSAP_SERVER_EXEC_MEASURED_PROFILE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/dtype.h"
+#include "server/exec/device_slots.h"
+#include "server/plan/cost_model.h"
+
+namespace hsap::exec {
+
+struct ComputeRate {
+  DType dtype = DType::kFloat32;
+  int32_t head_dim = 0;
+  double forward_flops = 0;    // forward attention FLOP/s of one slot
+  double backward_factor = 0;  // backward time / forward time, same work
+};
+
+struct IntraTier {
+  double bytes_per_s = 0;
+  double latency_s = 0;
+};
+
+// `x` rounded to three significant digits (0 stays 0).
+double RoundToThreeDigits(double x);
+
+// The profile of a plan on one node: `rate`'s compute, the intra tier, and
+// the inter tier given (a group's measured links; for a one-node group,
+// which moves nothing between nodes, the intra tier's figures).
+plan::HardwareProfile MeasuredHardwareProfile(const ComputeRate& rate, const IntraTier& intra,
+                                              double inter_bytes_per_s, double inter_latency_s);
+
+class MeasuredProfiles {
+ public:
+  static constexpr int kMaxEntries = 16;  // head dims measured per dtype
+
+  // `slots` must outlive this.
+  explicit MeasuredProfiles(DeviceSlots* slots) : slots_(slots) {}
+
+  // The compute rate for plans of `dtype` and `head_dim` (measured now if
+  // it has not been; REQUIRES 1 <= head_dim <= 4096). Errors of the
+  // backends (RESOURCE_EXHAUSTED when the memory budget has no room).
+  absl::StatusOr<ComputeRate> Compute(DType dtype, int32_t head_dim);
+  // The intra-node tier (measured now if it has not been).
+  IntraTier Intra();
+  // The parametric profile ("custom:...") of a plan that lives on this
+  // node only.
+  absl::StatusOr<std::string> LocalProfile(DType dtype, int32_t head_dim);
+
+  // What was measured so far (dtype, then head dim order).
+  std::vector<ComputeRate> Measured() const;
+  bool intra_measured() const;
+  IntraTier intra_if_measured() const;
+
+ private:
+  absl::StatusOr<ComputeRate> Measure(DType dtype, int32_t head_dim);
+
+  DeviceSlots* const slots_;
+  absl::Mutex measure_mu_;  // one measurement at a time
+  mutable absl::Mutex mu_;
+  std::map<std::pair<int, int32_t>, ComputeRate> rates_ ABSL_GUARDED_BY(mu_);
+  bool intra_done_ ABSL_GUARDED_BY(mu_) = false;
+  IntraTier intra_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hsap::exec
+
+#endif  // HSAP_SERVER_EXEC_MEASURED_PROFILE_H_

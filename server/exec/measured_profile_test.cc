@@ -1,0 +1,94 @@
+#include "server/exec/measured_profile.h"
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/exec/device_slots.h"
+#include "server/plan/cost_model.h"
+
+namespace hsap::exec {
+namespace {
+
+TEST(RoundToThreeDigits, KeepsThreeSignificantDigits) {
+  EXPECT_DOUBLE_EQ(RoundToThreeDigits(5479690000.0), 5480000000.0);
+  EXPECT_DOUBLE_EQ(RoundToThreeDigits(604005.0), 604000.0);
+  EXPECT_DOUBLE_EQ(RoundToThreeDigits(2.2749e-5), 2.27e-5);
+  EXPECT_DOUBLE_EQ(RoundToThreeDigits(0.0), 0.0);
+  EXPECT_DOUBLE_EQ(RoundToThreeDigits(999.6), 1000.0);
+}
+
+TEST(MeasuredProfiles, MeasuresOncePerDtypeAndHeadDimAndCaches) {
+  std::unique_ptr<DeviceSlots> slots = DeviceSlots::Cpu(2, 1);
+  MeasuredProfiles m(slots.get());
+  EXPECT_TRUE(m.Measured().empty());
+  auto a = m.Compute(DType::kFloat32, 64);
+  ASSERT_TRUE(a.ok()) << a.status();
+  // A CPU core runs attention at 0.1 to 1000 GFLOP/s; backward costs more
+  // than forward but not 20 times as much.
+  EXPECT_GT(a->forward_flops, 1e8);
+  EXPECT_LT(a->forward_flops, 1e12);
+  EXPECT_GT(a->backward_factor, 1.0);
+  EXPECT_LT(a->backward_factor, 20.0);
+  auto again = m.Compute(DType::kFloat32, 64);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->forward_flops, a->forward_flops);  // cached, not measured again
+  auto bf16 = m.Compute(DType::kBFloat16, 64);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->dtype, DType::kBFloat16);
+  ASSERT_EQ(m.Measured().size(), 2u);
+}
+
+TEST(MeasuredProfiles, ConcurrentCallersShareOneMeasurement) {
+  std::unique_ptr<DeviceSlots> slots = DeviceSlots::Cpu(1, 1);
+  MeasuredProfiles m(slots.get());
+  std::vector<double> rates(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] { rates[i] = m.Compute(DType::kFloat32, 32)->forward_flops; });
+  }
+  for (std::thread& t : threads) t.join();
+  for (double r : rates) EXPECT_EQ(r, rates[0]);
+  EXPECT_EQ(m.Measured().size(), 1u);
+}
+
+TEST(MeasuredProfiles, BeyondTheCapTheNearestHeadDimServes) {
+  std::unique_ptr<DeviceSlots> slots = DeviceSlots::Cpu(1, 1);
+  MeasuredProfiles m(slots.get());
+  for (int d = 1; d <= MeasuredProfiles::kMaxEntries; ++d) {
+    ASSERT_TRUE(m.Compute(DType::kFloat16, 8 * d).ok()) << d;
+  }
+  ASSERT_EQ(m.Measured().size(), static_cast<size_t>(MeasuredProfiles::kMaxEntries));
+  auto far = m.Compute(DType::kFloat16, 4000);
+  ASSERT_TRUE(far.ok());
+  EXPECT_EQ(far->head_dim, 8 * MeasuredProfiles::kMaxEntries);  // the nearest measured
+  EXPECT_EQ(m.Measured().size(), static_cast<size_t>(MeasuredProfiles::kMaxEntries));
+}
+
+TEST(MeasuredProfiles, TheLocalProfileIsAParametricProfileOfTheMeasurements) {
+  std::unique_ptr<DeviceSlots> slots = DeviceSlots::Cpu(2, 1);
+  MeasuredProfiles m(slots.get());
+  EXPECT_FALSE(m.intra_measured());
+  auto s = m.LocalProfile(DType::kFloat32, 64);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto p = plan::ParseHardwareProfile(*s);
+  ASSERT_TRUE(p.ok()) << *s << ": " << p.status();
+  const ComputeRate rate = *m.Compute(DType::kFloat32, 64);
+  EXPECT_DOUBLE_EQ(p->attention_flops, rate.forward_flops);
+  EXPECT_DOUBLE_EQ(p->backward_factor, rate.backward_factor);
+  ASSERT_TRUE(m.intra_measured());
+  const IntraTier intra = m.Intra();
+  // A memory copy moves more than 100 MB/s; handing a message to a thread
+  // takes under 10 ms (even under a sanitizer).
+  EXPECT_GT(intra.bytes_per_s, 1e8);
+  EXPECT_GT(intra.latency_s, 0);
+  EXPECT_LT(intra.latency_s, 1e-2);
+  EXPECT_DOUBLE_EQ(p->intra_bytes_per_s, intra.bytes_per_s);
+  EXPECT_DOUBLE_EQ(p->inter_bytes_per_s, intra.bytes_per_s);
+  // The same string every time: it is part of the plan key.
+  EXPECT_EQ(*m.LocalProfile(DType::kFloat32, 64), *s);
+}
+
+}  // namespace
+}  // namespace hsap::exec
