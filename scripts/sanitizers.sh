@@ -6,7 +6,8 @@
 #      start hsapd run the sanitized binary (it is a data dependency).
 #   2. ThreadSanitizer: the concurrency tests — call matcher, plan cache,
 #      region registry, transports, executor, plan agreement, metrics
-#      registry and exposer, kernel thread pool, the numerics test (the
+#      registry and exposer, kernel thread pool, the measured profiles
+#      (callers sharing one measurement), the numerics test (the
 #      kernels' waves on two threads, ranks on threads). Not cluster_test nor
 #      group_formation_test: their in-process gRPC traffic is synchronized
 #      inside uninstrumented gRPC (tests/sanitizers/tsan.supp explains; both
@@ -32,6 +33,7 @@ TSAN_TARGETS=(
   //server/metrics:registry_test
   //common:thread_pool_test
   //server/plan:compiler_pool_test
+  //server/exec:measured_profile_test
   //tests/numerics:numerics_test
 )
 

@@ -133,7 +133,7 @@ PEERS=${PEERS%,}
 SOCKETS=$(for ((i = 0; i < NODES; i++)); do printf '%s/node%d.sock,' "$WORK" "$i"; done)
 SOCKETS=${SOCKETS%,}
 PROFILE_FLAG_SUPPORTED=0
-if "$HSAPD" --helpfull 2>&1 | grep -qE -- '-profile[ =(]'; then PROFILE_FLAG_SUPPORTED=1; fi
+if "$HSAPD" --helpfull 2>&1 | grep -E -- '-profile[ =(]' >/dev/null; then PROFILE_FLAG_SUPPORTED=1; fi
 
 start_daemons() {  # $1: extra flag (or empty)
   DAEMONS=()
