@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
               absl::GetFlag(FLAGS_kv_heads), absl::GetFlag(FLAGS_head_dim), path.c_str(),
               absl::GetFlag(FLAGS_reps));
   std::map<std::string, double> sum_time, sum_max_recv;
+  double worst_auto = 0;  // auto over the fastest strategy, worst pack
   uint64_t seq_group = 0;
   for (size_t pi = 0; pi < packs.size(); ++pi) {
     const auto& cu = packs[pi];
@@ -144,6 +145,26 @@ int main(int argc, char** argv) {
       sum_time[name] += total;
       sum_max_recv[name] += row.max_recv;
     }
+    // auto against the fastest of the others on this pack.
+    std::string fastest;
+    for (const auto& [name, row] : rows) {
+      if (name == "auto" || !row.ok) continue;
+      if (fastest.empty() || row.fwd + row.bwd < rows[fastest].fwd + rows[fastest].bwd) {
+        fastest = name;
+      }
+    }
+    if (!fastest.empty() && rows["auto"].ok) {
+      const double r = (rows["auto"].fwd + rows["auto"].bwd) /
+                       (rows[fastest].fwd + rows[fastest].bwd);
+      worst_auto = std::max(worst_auto, r);
+      std::printf("  auto ran %s; fastest %s; auto_vs_fastest=%.3f\n", rows["auto"].ran.c_str(),
+                  fastest.c_str(), r);
+    }
+  }
+  // The profile the daemons planned with (node 0 settles the static cluster's).
+  if (auto status = (*cluster)->Status(0); status.ok()) {
+    std::printf("\ndaemon profile: %s\n", status->profile().c_str());
+    for (const std::string& p : status->static_profiles()) std::printf("  settled: %s\n", p.c_str());
   }
   std::printf("\nsummed over the packs (ratios to ring; < 1 is better):\n");
   for (const auto& [name, strategy] : strategies) {
@@ -154,8 +175,10 @@ int main(int argc, char** argv) {
   auto ratio = [&](const char* s) {
     return sum_time.count(s) && sum_time.count("ring") ? sum_time[s] / sum_time["ring"] : 0.0;
   };
-  std::printf("sap_vs_ring=%.3f hsap_vs_ring=%.3f auto_vs_ring=%.3f auto_vs_ulysses=%.3f\n",
-              ratio("sap"), ratio("hsap"), ratio("auto"),
-              sum_time.count("ulysses") ? sum_time["auto"] / sum_time["ulysses"] : 0.0);
+  std::printf(
+      "sap_vs_ring=%.3f hsap_vs_ring=%.3f auto_vs_ring=%.3f auto_vs_ulysses=%.3f "
+      "worst_auto_vs_fastest=%.3f\n",
+      ratio("sap"), ratio("hsap"), ratio("auto"),
+      sum_time.count("ulysses") ? sum_time["auto"] / sum_time["ulysses"] : 0.0, worst_auto);
   return 0;
 }

@@ -144,7 +144,10 @@ absl::StatusOr<std::string> Cluster::GroupProfile(const std::string& group, bool
   absl::Time failing_since = absl::InfiniteFuture();
   while (true) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
+    // The root may probe every member first: a generous bound, but one, so
+    // that a hung root is noticed between attempts.
+    context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(60))));
+    context.set_wait_for_ready(true);  // through gRPC's reconnect backoff, as the probes
     v1::GroupProfileResponse response;
     const grpc::Status s = stub->GroupProfile(&context, request, &response);
     if (s.ok() && response.ready()) {
@@ -291,6 +294,9 @@ absl::StatusOr<LinkFigures> Cluster::PeerLink(int32_t peer, absl::Time deadline)
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(
         std::min(until, absl::Now() + std::max(rpc_timeout, absl::Seconds(10)))));
+    // A channel that lost its peer a moment ago (a restart) is in gRPC's
+    // reconnect backoff and would fail at once: wait for it, bounded.
+    context.set_wait_for_ready(true);
     v1::ProbeLinkResponse response;
     const grpc::Status s = stub->ProbeLink(&context, request, &response);
     return s.ok() ? absl::OkStatus()

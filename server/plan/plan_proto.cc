@@ -255,15 +255,14 @@ absl::StatusOr<PlanSpec> PlanSpecFromProto(const pb::PlanSpec& p, const SpecDefa
   HSAP_ASSIGN_OR_RETURN(spec.strategy, StrategyFromProto(p.strategy(), "strategy"));
   HSAP_ASSIGN_OR_RETURN(spec.assignment, AssignmentFromProto(p.assignment(), "assignment"));
   spec.profile = ProfileOrDefault(p.profile(), defaults);
-  if (spec.profile == kMeasuredProfile) {
+  // A head dim out of range stays unresolved: ValidatePlanSpec refuses the
+  // spec for it (or an earlier field) before it looks at the profile.
+  if (spec.profile == kMeasuredProfile && spec.shape.head_dim >= 1 &&
+      spec.shape.head_dim <= kMaxHeadDim) {
     if (!defaults.measured) {
       return absl::InvalidArgumentError(
           "profile 'measured' is a daemon's own measurement; name a profile (h100, h200, "
           "cpu-loopback or custom:...)");
-    }
-    if (spec.shape.head_dim < 1 || spec.shape.head_dim > kMaxHeadDim) {
-      return absl::InvalidArgumentError(absl::StrCat("shape.head_dim is ", spec.shape.head_dim,
-                                                     "; it must be in [1, ", kMaxHeadDim, "]"));
     }
     HSAP_ASSIGN_OR_RETURN(spec.profile, defaults.measured(spec.shape.dtype, spec.shape.head_dim));
   }
