@@ -133,7 +133,9 @@ PEERS=${PEERS%,}
 SOCKETS=$(for ((i = 0; i < NODES; i++)); do printf '%s/node%d.sock,' "$WORK" "$i"; done)
 SOCKETS=${SOCKETS%,}
 PROFILE_FLAG_SUPPORTED=0
-if "$HSAPD" --helpfull 2>&1 | grep -E -- '-profile[ =(]' >/dev/null; then PROFILE_FLAG_SUPPORTED=1; fi
+# --helpfull exits 1 (abseil), which pipefail would pass on: check the text alone.
+HSAPD_HELP=$("$HSAPD" --helpfull 2>&1 || true)
+if grep -qE -- '-profile[ =(]' <<<"$HSAPD_HELP"; then PROFILE_FLAG_SUPPORTED=1; fi
 
 start_daemons() {  # $1: extra flag (or empty)
   DAEMONS=()
