@@ -272,6 +272,11 @@ class Cluster {
   absl::StatusOr<std::string> RootGroupProfile(const std::string& group, bool declared,
                                                DType dtype, int32_t head_dim, absl::Time deadline);
   absl::StatusOr<LinkFigures> PeerLink(int32_t peer, absl::Time deadline);
+  // The settled profiles of declared `group` (null when it is not known
+  // here), or of the static cluster, by (dtype, head dim).
+  using ProfileTable = std::map<std::pair<int, int32_t>, std::string>;
+  ProfileTable* ProfilesLocked(const std::string& group, bool declared) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The peer id of a per-call request's sender: by `address` (+ its
   // incarnation) when set, else the static node_rank. NOT_FOUND for an
   // address this node does not reference; INVALID_ARGUMENT naming the
@@ -329,7 +334,7 @@ class Cluster {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<CallKey, absl::Status> aborted_calls_ ABSL_GUARDED_BY(mu_);
   LocalProfileFn local_profile_;  // set before Start
-  std::map<std::pair<int, int32_t>, std::string> static_profiles_ ABSL_GUARDED_BY(mu_);
+  mutable std::map<std::pair<int, int32_t>, std::string> static_profiles_ ABSL_GUARDED_BY(mu_);
   absl::Mutex probe_mu_;  // one link probe at a time (they would share links)
 
   absl::Mutex callbacks_mu_;

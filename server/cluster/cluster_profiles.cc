@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/cluster/cluster.h"
+#include "server/plan/plan_proto.h"
 
 namespace hsap::cluster {
 namespace {
@@ -21,26 +22,6 @@ grpc::Status ToGrpc(const absl::Status& s) {
 
 std::pair<int, int32_t> KeyOf(DType dtype, int32_t head_dim) {
   return {static_cast<int>(dtype), head_dim};
-}
-
-v1::DType ToProto(DType d) {
-  switch (d) {
-    case DType::kFloat32: return v1::DTYPE_FLOAT32;
-    case DType::kBFloat16: return v1::DTYPE_BFLOAT16;
-    case DType::kFloat16: return v1::DTYPE_FLOAT16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
-
-absl::StatusOr<DType> FromProto(v1::DType d) {
-  switch (d) {
-    case v1::DTYPE_FLOAT32: return DType::kFloat32;
-    case v1::DTYPE_BFLOAT16: return DType::kBFloat16;
-    case v1::DTYPE_FLOAT16: return DType::kFloat16;
-    default: break;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("dtype is ", static_cast<int>(d), "; it must be FLOAT32, BFLOAT16 or FLOAT16"));
 }
 
 // A root's answer must be a parametric profile the planner accepts.
@@ -64,18 +45,18 @@ absl::Status CheckRootProfile(const std::string& profile, const std::string& roo
 
 void Cluster::SetLocalProfile(LocalProfileFn local) { local_profile_ = std::move(local); }
 
+Cluster::ProfileTable* Cluster::ProfilesLocked(const std::string& group, bool declared) const {
+  if (!declared) return &static_profiles_;
+  std::shared_ptr<GroupEntry> g = groups_.Find(group);
+  return g == nullptr ? nullptr : &g->profiles;  // the table keeps the entry alive
+}
+
 std::optional<std::string> Cluster::KnownGroupProfile(const std::string& group, bool declared,
                                                       DType dtype, int32_t head_dim) const {
   absl::MutexLock lock(&mu_);
-  const auto key = KeyOf(dtype, head_dim);
-  const std::map<std::pair<int, int32_t>, std::string>* profiles = &static_profiles_;
-  std::shared_ptr<GroupEntry> g;
-  if (declared) {
-    g = groups_.Find(group);
-    if (g == nullptr) return std::nullopt;
-    profiles = &g->profiles;
-  }
-  auto it = profiles->find(key);
+  const ProfileTable* profiles = ProfilesLocked(group, declared);
+  if (profiles == nullptr) return std::nullopt;
+  auto it = profiles->find(KeyOf(dtype, head_dim));
   if (it == profiles->end()) return std::nullopt;
   return it->second;
 }
@@ -137,7 +118,7 @@ absl::StatusOr<std::string> Cluster::GroupProfile(const std::string& group, bool
   if (stub == nullptr) return absl::InternalError("the group's root has no stub");
   request.set_group(group);
   request.set_declared(declared);
-  request.set_dtype(ToProto(dtype));
+  request.set_dtype(plan::DTypeToProto(dtype));
   request.set_head_dim(head_dim);
   request.set_incarnation(incarnation_);
   std::string last = "no answer yet";
@@ -153,15 +134,10 @@ absl::StatusOr<std::string> Cluster::GroupProfile(const std::string& group, bool
     if (s.ok() && response.ready()) {
       HSAP_RETURN_IF_ERROR(CheckRootProfile(response.profile(), root_name));
       absl::MutexLock lock(&mu_);
-      std::map<std::pair<int, int32_t>, std::string>* profiles = &static_profiles_;
-      std::shared_ptr<GroupEntry> g;
-      if (declared) {
-        g = groups_.Find(group);
-        if (g == nullptr) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("group '", group, "' was released while its profile was settled"));
-        }
-        profiles = &g->profiles;
+      ProfileTable* profiles = ProfilesLocked(group, declared);
+      if (profiles == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("group '", group, "' was released while its profile was settled"));
       }
       if (profiles->size() >= kMaxGroupProfiles && profiles->count(KeyOf(dtype, head_dim)) == 0) {
         return absl::ResourceExhaustedError(
@@ -253,15 +229,10 @@ absl::StatusOr<std::string> Cluster::RootGroupProfile(const std::string& group, 
   }
   const std::string settled = plan::CustomProfileString(profile);
   absl::MutexLock lock(&mu_);
-  std::map<std::pair<int, int32_t>, std::string>* profiles = &static_profiles_;
-  std::shared_ptr<GroupEntry> g;
-  if (declared) {
-    g = groups_.Find(group);
-    if (g == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("group '", group, "' was released while its profile was settled"));
-    }
-    profiles = &g->profiles;
+  ProfileTable* profiles = ProfilesLocked(group, declared);
+  if (profiles == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group '", group, "' was released while its profile was settled"));
   }
   // Another rank thread or member may have settled it meanwhile: the first wins.
   return profiles->emplace(key, settled).first->second;
@@ -318,7 +289,7 @@ grpc::Status Cluster::OnGroupProfile(const v1::GroupProfileRequest& request, abs
     return ToGrpc(absl::InvalidArgumentError(
         absl::StrCat("head_dim is ", request.head_dim(), "; it must be in [1, 4096]")));
   }
-  const absl::StatusOr<DType> dtype = FromProto(request.dtype());
+  const absl::StatusOr<DType> dtype = plan::DTypeFromProto(request.dtype(), "dtype");
   if (!dtype.ok()) return ToGrpc(dtype.status());
   absl::StatusOr<int32_t> sender = SenderPeer(request.node_rank(), request.address(),
                                               request.incarnation(), request.group());

@@ -304,7 +304,7 @@ TEST_F(GroupFormationTest, GroupProfileRequestsAreValidated) {
   r.set_dtype(v1::DTYPE_INT32);
   s = ask(r, &out);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), HasSubstr("dtype is 4"));
+  EXPECT_THAT(s.error_message(), HasSubstr("dtype is DTYPE_INT32"));
   // Not a member: node 2 asks about V.
   r.set_dtype(v1::DTYPE_FLOAT32);
   r.set_address(nodes_[2].address);

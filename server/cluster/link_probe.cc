@@ -1,11 +1,11 @@
 #include "server/cluster/link_probe.h"
 
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/plan/cost_model.h"
 
 namespace hsap::cluster {
 namespace {
@@ -13,12 +13,6 @@ namespace {
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-double ThreeDigits(double x) {
-  if (!(x > 0) || !std::isfinite(x)) return x;
-  const double scale = std::pow(10.0, std::floor(std::log10(x)) - 2);
-  return std::round(x / scale) * scale;
 }
 
 }  // namespace
@@ -62,9 +56,9 @@ absl::StatusOr<LinkFigures> MeasureLink(const ProbeCall& call, const std::string
   }
   LinkFigures f;
   f.bytes_per_s =
-      std::clamp(ThreeDigits(static_cast<double>(size) / std::max(Median(full) - rtt, 1e-6)), 1.0,
+      std::clamp(plan::RoundToThreeDigits(static_cast<double>(size) / std::max(Median(full) - rtt, 1e-6)), 1.0,
                  1e15);
-  f.latency_s = std::clamp(ThreeDigits(rtt / 2), 0.0, 1e3);
+  f.latency_s = std::clamp(plan::RoundToThreeDigits(rtt / 2), 0.0, 1e3);
   return f;
 }
 

@@ -15,6 +15,8 @@
 namespace hsap::exec {
 namespace {
 
+using plan::RoundToThreeDigits;
+
 // Tokens of the measurement's one head: about 32 MFLOP per forward.
 int64_t MeasureTokens(int32_t head_dim) {
   const double n = std::sqrt(16e6 / std::max(1, head_dim));
@@ -103,12 +105,6 @@ SlotTimes TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64
 }
 
 }  // namespace
-
-double RoundToThreeDigits(double x) {
-  if (!(x > 0) || !std::isfinite(x)) return x;
-  const double scale = std::pow(10.0, std::floor(std::log10(x)) - 2);
-  return std::round(x / scale) * scale;
-}
 
 plan::HardwareProfile MeasuredHardwareProfile(const ComputeRate& rate, const IntraTier& intra,
                                               double inter_bytes_per_s, double inter_latency_s) {

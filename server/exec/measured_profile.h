@@ -49,9 +49,6 @@ struct IntraTier {
   double latency_s = 0;
 };
 
-// `x` rounded to three significant digits (0 stays 0).
-double RoundToThreeDigits(double x);
-
 // The profile of a plan on one node: `rate`'s compute, the intra tier, and
 // the inter tier given (a group's measured links; for a one-node group,
 // which moves nothing between nodes, the intra tier's figures).

@@ -12,6 +12,7 @@ namespace hsap::exec {
 namespace {
 
 TEST(RoundToThreeDigits, KeepsThreeSignificantDigits) {
+  using plan::RoundToThreeDigits;
   EXPECT_DOUBLE_EQ(RoundToThreeDigits(5479690000.0), 5480000000.0);
   EXPECT_DOUBLE_EQ(RoundToThreeDigits(604005.0), 604000.0);
   EXPECT_DOUBLE_EQ(RoundToThreeDigits(2.2749e-5), 2.27e-5);

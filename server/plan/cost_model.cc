@@ -282,6 +282,12 @@ std::string CustomProfileString(const HardwareProfile& p) {
 
 bool IsKnownProfile(absl::string_view name) { return ParseHardwareProfile(name).ok(); }
 
+double RoundToThreeDigits(double x) {
+  if (!(x > 0) || !std::isfinite(x)) return x;
+  const double scale = std::pow(10.0, std::floor(std::log10(x)) - 2);
+  return std::round(x / scale) * scale;
+}
+
 HardwareProfile GetHardwareProfile(absl::string_view name) {
   absl::StatusOr<HardwareProfile> p = ParseHardwareProfile(name);
   return p.ok() ? *std::move(p) : Profiles().front();

@@ -83,6 +83,10 @@ bool IsKnownProfile(absl::string_view name);
 // REQUIRES: IsKnownProfile(name).
 HardwareProfile GetHardwareProfile(absl::string_view name);
 
+// `x` rounded to three significant digits (0, negative and non-finite
+// values stay as they are): how measured profile figures are written.
+double RoundToThreeDigits(double x);
+
 struct Plan;
 
 // Fills the modeled times of every rank (RankStats::*_us) and of the plan
