@@ -128,7 +128,6 @@ absl::StatusOr<std::string> Cluster::GroupProfile(const std::string& group, bool
     // The root may probe every member first: a generous bound, but one, so
     // that a hung root is noticed between attempts.
     context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(60))));
-    context.set_wait_for_ready(true);  // through gRPC's reconnect backoff, as the probes
     v1::GroupProfileResponse response;
     const grpc::Status s = stub->GroupProfile(&context, request, &response);
     if (s.ok() && response.ready()) {
@@ -262,16 +261,29 @@ absl::StatusOr<LinkFigures> Cluster::PeerLink(int32_t peer, absl::Time deadline)
     if (static_cast<int64_t>(request.payload().size()) != bytes) {
       request.mutable_payload()->assign(static_cast<size_t>(bytes), 'p');
     }
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(
-        std::min(until, absl::Now() + std::max(rpc_timeout, absl::Seconds(10)))));
-    // A channel that lost its peer a moment ago (a restart) is in gRPC's
-    // reconnect backoff and would fail at once: wait for it, bounded.
-    context.set_wait_for_ready(true);
-    v1::ProbeLinkResponse response;
-    const grpc::Status s = stub->ProbeLink(&context, request, &response);
-    return s.ok() ? absl::OkStatus()
-                  : absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    while (true) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(
+          std::min(until, absl::Now() + std::max(rpc_timeout, absl::Seconds(10)))));
+      v1::ProbeLinkResponse response;
+      const grpc::Status s = stub->ProbeLink(&context, request, &response);
+      if (s.ok()) return absl::OkStatus();
+      const absl::Status failed(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() >= until) return failed;
+      // A channel that lost its peer a moment ago (a restart) is in gRPC's
+      // reconnect backoff and fails at once: try again while the peer is
+      // the one being measured and not DOWN (a lost node ends the probe,
+      // as it ends the calls in flight).
+      {
+        absl::MutexLock lock(&mu_);
+        const PeerRecord* p = peers_.Find(peer);
+        if (p == nullptr || p->state == NodeState::kDown || p->incarnation != incarnation) {
+          return absl::UnavailableError(
+              absl::StrCat(name, " was lost during the link probe: ", s.error_message()));
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
   };
   HSAP_ASSIGN_OR_RETURN(LinkFigures link, MeasureLink(call, name, deadline));
   link.incarnation = incarnation;

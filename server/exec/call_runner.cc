@@ -218,6 +218,11 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
     }
     if (group_profile.has_value()) {
       profile = *std::move(group_profile);
+    } else if (call.group_size == 1) {
+      // One rank moves nothing and has nothing to choose between: no
+      // measurement (it would run on slots that other calls may be using,
+      // and hold this call behind them).
+      profile = "cpu-loopback";
     } else {
       auto local = options.measured->LocalProfile(call.shape.dtype, call.shape.head_dim);
       if (!local.ok()) return local.status();
