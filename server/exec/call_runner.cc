@@ -222,7 +222,7 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
       // One rank moves nothing and has nothing to choose between: no
       // measurement (it would run on slots that other calls may be using,
       // and hold this call behind them).
-      profile = "cpu-loopback";
+      profile = std::string(plan::kOneRankProfile);
     } else {
       auto local = options.measured->LocalProfile(call.shape.dtype, call.shape.head_dim);
       if (!local.ok()) return local.status();

@@ -65,6 +65,9 @@ inline constexpr absl::string_view kCustomProfilePrefix = "custom:";
 // a parametric profile before any plan is compiled. ParseHardwareProfile
 // refuses it.
 inline constexpr absl::string_view kMeasuredProfile = "measured";
+// What "measured" resolves to for a one-rank plan, which moves nothing and
+// has nothing to choose between (no measurement is run for it).
+inline constexpr absl::string_view kOneRankProfile = "cpu-loopback";
 
 // A named profile or a parametric one. INVALID_ARGUMENT naming the profile
 // and, for a parametric one, the field and its value: an unknown name or

@@ -264,7 +264,12 @@ absl::StatusOr<PlanSpec> PlanSpecFromProto(const pb::PlanSpec& p, const SpecDefa
           "profile 'measured' is a daemon's own measurement; name a profile (h100, h200, "
           "cpu-loopback or custom:...)");
     }
-    HSAP_ASSIGN_OR_RETURN(spec.profile, defaults.measured(spec.shape.dtype, spec.shape.head_dim));
+    if (int64_t{spec.topology.num_nodes} * spec.topology.devices_per_node == 1) {
+      spec.profile = std::string(kOneRankProfile);  // as the call path (call_runner.cc)
+    } else {
+      HSAP_ASSIGN_OR_RETURN(spec.profile,
+                            defaults.measured(spec.shape.dtype, spec.shape.head_dim));
+    }
   }
   spec.recv_buffer_bytes =
       p.recv_buffer_bytes() == 0 ? kDefaultRecvBufferBytes : p.recv_buffer_bytes();
