@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/workload.h"
+#include "server/plan/compiler.h"
 #include "tests/integration/group_call.h"
 #include "tests/integration/local_cluster.h"
 
@@ -32,6 +33,9 @@ ABSL_FLAG(int, kv_heads, 8, "key/value heads");
 ABSL_FLAG(int, head_dim, 64, "head dimension");
 ABSL_FLAG(std::string, workload, "", "document lengths (default workloads/python-stdlib.tokens of the repository)");
 ABSL_FLAG(std::string, ucx_transports, "tcp", "UCX transports between the daemons");
+ABSL_FLAG(std::string, model_only, "",
+          "a cost profile: print every strategy's modeled time on the packs under it and exit "
+          "(no cluster); without it, the modeled column uses the profile node 0 settled");
 
 namespace {
 
@@ -41,6 +45,25 @@ using hsap::testing::GroupSpec;
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The model's forward + backward time (ms) of `strategy` on `cu` under
+// `profile`, and the strategy auto picks there (for STRATEGY_AUTO); 0 when it
+// does not compile.
+std::pair<double, std::string> Modeled(const std::vector<int64_t>& cu, int nodes, int devices,
+                                       const std::string& strategy, const std::string& profile) {
+  hsap::plan::PlanSpec spec;
+  spec.cu_seqlens = cu;
+  spec.total_tokens = cu.back();
+  spec.topology = {nodes, devices};
+  spec.shape = {absl::GetFlag(FLAGS_heads), absl::GetFlag(FLAGS_kv_heads),
+                absl::GetFlag(FLAGS_head_dim), hsap::DType::kFloat32};
+  if (!hsap::plan::ParseStrategy(strategy, &spec.strategy)) return {0, ""};
+  spec.assignment = hsap::plan::AssignmentPolicy::kBalanced;
+  spec.profile = profile;
+  auto plan = hsap::plan::CompilePlan(spec);
+  if (!plan.ok()) return {0, ""};
+  return {plan->stats.modeled_us * 1e-3, std::string(hsap::plan::StrategyName(plan->strategy))};
 }
 
 struct Row {
@@ -62,6 +85,21 @@ int main(int argc, char** argv) {
   if (!lengths.ok()) {
     std::fprintf(stderr, "%s\n", lengths.status().ToString().c_str());
     return 1;
+  }
+  const std::vector<std::string> names = {"ring", "ulysses", "allgather", "usp", "sap", "hsap", "auto"};
+  if (const std::string profile = absl::GetFlag(FLAGS_model_only); !profile.empty()) {
+    const auto packs = hsap::PackDocuments(*lengths, absl::GetFlag(FLAGS_tokens),
+                                           absl::GetFlag(FLAGS_packs), /*seed=*/2026);
+    std::printf("modeled fwd+bwd ms under %s\n", profile.c_str());
+    for (size_t pi = 0; pi < packs.size(); ++pi) {
+      std::printf("pack %zu:", pi);
+      for (const std::string& n : names) {
+        const auto [ms, ran] = Modeled(packs[pi], nodes, devices, n, profile);
+        std::printf(" %s %.1f%s", n.c_str(), ms, n == "auto" ? (" (" + ran + ")").c_str() : "");
+      }
+      std::printf("\n");
+    }
+    return 0;
   }
   auto cluster = hsap::testing::LocalCluster::Start(
       nodes, devices,
@@ -98,8 +136,8 @@ int main(int argc, char** argv) {
                   for (size_t i = 1; i < cu.size(); ++i) m = std::max<long long>(m, cu[i] - cu[i - 1]);
                   return m;
                 }());
-    std::printf("  %-9s %-8s %10s %10s %10s %9s %14s %14s\n", "strategy", "ran", "fwd ms",
-                "bwd ms", "fwd+bwd", "vs ring", "max recv B/rk", "total recv B");
+    std::printf("  %-9s %-8s %10s %10s %10s %10s %9s %14s %14s\n", "strategy", "ran", "fwd ms",
+                "bwd ms", "fwd+bwd", "modeled", "vs ring", "max recv B/rk", "total recv B");
     std::map<std::string, Row> rows;
     for (const auto& [name, strategy] : strategies) {
       Row row;
@@ -129,6 +167,14 @@ int main(int argc, char** argv) {
       row.bwd = Median(bwd);
       rows[name] = row;
     }
+    // The model under the profile node 0 settled for this shape.
+    std::string settled;
+    if (auto status = (*cluster)->Status(0); status.ok()) {
+      const std::string key = absl::StrCat("float32/d", absl::GetFlag(FLAGS_head_dim), " ");
+      for (const std::string& p : status->static_profiles()) {
+        if (p.rfind(key, 0) == 0) settled = p.substr(key.size());
+      }
+    }
     const Row& ring = rows["ring"];
     for (const auto& [name, strategy] : strategies) {
       const Row& row = rows[name];
@@ -138,8 +184,12 @@ int main(int argc, char** argv) {
       }
       const double total = row.fwd + row.bwd;
       const double ratio = ring.ok ? total / (ring.fwd + ring.bwd) : 0;
-      std::printf("  %-9s %-8s %10.1f %10.1f %10.1f %9.3f %14llu %14llu\n", name, row.ran.c_str(),
-                  row.fwd * 1e3, row.bwd * 1e3, total * 1e3, ratio,
+      std::string ran = row.ran;
+      std::transform(ran.begin(), ran.end(), ran.begin(), ::tolower);
+      const double modeled =
+          settled.empty() ? 0 : Modeled(cu, nodes, devices, ran, settled).first;
+      std::printf("  %-9s %-8s %10.1f %10.1f %10.1f %10.1f %9.3f %14llu %14llu\n", name,
+                  row.ran.c_str(), row.fwd * 1e3, row.bwd * 1e3, total * 1e3, modeled, ratio,
                   static_cast<unsigned long long>(row.max_recv),
                   static_cast<unsigned long long>(row.total_recv));
       sum_time[name] += total;

@@ -79,6 +79,9 @@ class BackendBuffer {
 struct StopCheck {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;  // may be empty
+  // Called between kernel waves on the calling thread, before Check (may be
+  // empty): the executor advances the transfers a stage's compute overlaps.
+  std::function<void()> between_waves;
   // DEADLINE_EXCEEDED or CANCELLED when the call should stop, else OK.
   absl::Status Check() const {
     if (cancelled && cancelled()) {

@@ -71,6 +71,7 @@ namespace {
 kernels::cpu::StopFn StopFnFor(const StopCheck* stop, absl::Status* why) {
   if (stop == nullptr) return nullptr;
   return [stop, why] {
+    if (stop->between_waves) stop->between_waves();
     *why = stop->Check();
     return !why->ok();
   };

@@ -66,7 +66,7 @@ class RankRun {
   ComputeBackend* const backend_;
   const absl::Time deadline_;
   const uint64_t call_tag_;
-  const StopCheck stop_;  // the kernels give up on it between blocks
+  StopCheck stop_;  // the kernels give up on it between blocks
   ExecStats stats_;
   std::vector<RowCopy> copies_;  // scratch
 };
@@ -132,7 +132,11 @@ absl::Status RankRun::Exchange(uint64_t tag, const plan::TransferList& sends,
   // move: transports that number exchanges (UCX) stay aligned that way.
   HSAP_ASSIGN_OR_RETURN(std::unique_ptr<transport::PendingExchange> pending,
                         transport_->Start(tag, send_ops, recv_ops));
+  // The kernels advance the transfers between their waves (UCX moves data
+  // only while driven), so the overlap items compute while they fly.
+  stop_.between_waves = [p = pending.get()] { p->Progress(); };
   absl::Status overlapped = overlap();
+  stop_.between_waves = nullptr;
   const absl::Time wait_start = absl::Now();
   const absl::Status status = pending->Wait(deadline_);
   stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - wait_start);

@@ -17,19 +17,27 @@ namespace {
 
 using plan::RoundToThreeDigits;
 
-// Tokens of the measurement's one head: about 32 MFLOP per forward.
+// Tokens of the measurement's one head: about 256 MFLOP per forward
+// (2 * D * n^2), some milliseconds on a core — long enough that the kernel
+// runs at the rate of a real call's items (at 32 MFLOP the rate read 30 %
+// low and backward/forward ranged 2.4-10.7 between runs on one machine).
 int64_t MeasureTokens(int32_t head_dim) {
-  const double n = std::sqrt(16e6 / std::max(1, head_dim));
-  return std::clamp<int64_t>(static_cast<int64_t>(n / 64) * 64, 64, 1024);
+  const double n = std::sqrt(128e6 / std::max(1, head_dim));
+  return std::clamp<int64_t>(static_cast<int64_t>(n / 64) * 64, 64, 4096);
+}
+
+double MedianOf(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 struct SlotTimes {
   absl::Status status;
-  double fwd_s = 0, bwd_s = 0;  // fastest of the timed runs
+  double fwd_s = 0, bwd_s = 0;  // medians of the timed runs
 };
 
-// Forward three times and backward twice on `backend`; the first of each
-// is a warm-up.
+// Forward six times and backward four times on `backend`; the first of
+// each is a warm-up, the median of the others counts.
 SlotTimes TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64_t n) {
   SlotTimes out;
   const int64_t elems = n * head_dim;
@@ -55,6 +63,17 @@ SlotTimes TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64
   auto* dq = reinterpret_cast<float*>(alloc(elems * 4));
   auto* dk = reinterpret_cast<float*>(alloc(elems * 4));
   auto* dv = reinterpret_cast<float*>(alloc(elems * 4));
+  if (!out.status.ok()) return out;
+  // Finite inputs: fresh memory may hold anything, and an item with a
+  // non-finite or huge input runs on the kernels' exact float64 tiles (the
+  // first version left them unset and read backward/forward between 3.3
+  // and 10.7 from run to run). Delta = 0 stands in for rowsum(dO * O).
+  for (char* t : {q, k, v, dout}) {
+    out.status.Update(backend->Fill(dq, elems, 0.25f));
+    out.status.Update(backend->CastFromFloat(dq, elems, dtype, t));
+  }
+  out.status.Update(backend->Fill(delta, n, 0.f));
+  for (float* acc : {o, dq, dk, dv}) out.status.Update(backend->Fill(acc, elems, 0.f));
   if (!out.status.ok()) return out;
   kernels::AttentionShape shape;
   shape.num_heads_q = 1;
@@ -86,20 +105,24 @@ SlotTimes TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64
   b.dq_acc = dq;
   b.dk_acc = dk;
   b.dv_acc = dv;
-  out.fwd_s = out.bwd_s = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < 3 && out.status.ok(); ++i) {
+  std::vector<double> fwd_times, bwd_times;
+  for (int i = 0; i < 6 && out.status.ok(); ++i) {
     out.status = backend->Fill(lse, n, -std::numeric_limits<float>::infinity());
     if (!out.status.ok()) break;
     const absl::Time t0 = absl::Now();
     out.status = backend->Forward(shape, {&f, 1});
     if (out.status.ok()) out.status = backend->Synchronize();
-    if (i > 0) out.fwd_s = std::min(out.fwd_s, absl::ToDoubleSeconds(absl::Now() - t0));
+    if (i > 0) fwd_times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
   }
-  for (int i = 0; i < 2 && out.status.ok(); ++i) {
+  for (int i = 0; i < 4 && out.status.ok(); ++i) {
     const absl::Time t0 = absl::Now();
     out.status = backend->Backward(shape, {&b, 1});
     if (out.status.ok()) out.status = backend->Synchronize();
-    if (i > 0) out.bwd_s = std::min(out.bwd_s, absl::ToDoubleSeconds(absl::Now() - t0));
+    if (i > 0) bwd_times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+  }
+  if (out.status.ok()) {
+    out.fwd_s = MedianOf(fwd_times);
+    out.bwd_s = MedianOf(bwd_times);
   }
   return out;
 }

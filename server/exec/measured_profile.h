@@ -3,15 +3,15 @@
 // docs/planner.md, "Measured profiles").
 //
 // Compute: the first time a plan needs a (dtype, head dim), a short causal
-// attention run — forward three times, backward twice, one head of N
-// tokens with N chosen so that a forward is about 32 MFLOP — on every
+// attention run — forward six times, backward four times, one head of N
+// tokens with N chosen so that a forward is about 256 MFLOP — on every
 // device slot at the same time, so that slots that share cores are
 // measured sharing them. The forward rate is the mean over slots of
-// 4 * D * area / (fastest forward); backward_factor is the fastest
-// backward's time over the fastest forward's. Both are rounded to three
-// significant digits and cached for the daemon's life (at most
-// kMaxEntries head dims per dtype; beyond them the nearest one measured
-// serves).
+// 4 * D * area / (median forward, the first of each a warm-up);
+// backward_factor is the median backward's time over the median
+// forward's. Both are rounded to three significant digits and cached for
+// the daemon's life (at most kMaxEntries head dims per dtype; beyond them
+// the nearest one measured serves).
 //
 // Intra-node tier, measured once: a memory copy's bandwidth (8 MiB, best
 // of five) and the latency of handing a message to another thread (median

@@ -27,11 +27,13 @@ TEST(MeasuredProfiles, MeasuresOncePerDtypeAndHeadDimAndCaches) {
   auto a = m.Compute(DType::kFloat32, 64);
   ASSERT_TRUE(a.ok()) << a.status();
   // A CPU core runs attention at 0.1 to 1000 GFLOP/s; backward costs more
-  // than forward but not 20 times as much.
+  // than forward.
   EXPECT_GT(a->forward_flops, 1e8);
   EXPECT_LT(a->forward_flops, 1e12);
   EXPECT_GT(a->backward_factor, 1.0);
-  EXPECT_LT(a->backward_factor, 20.0);
+  // Backward is 2.5x the forward's FLOPs; far more means the run fell on the
+  // exact float64 tiles (inputs not finite) or timed noise.
+  EXPECT_LT(a->backward_factor, 8.0);
   auto again = m.Compute(DType::kFloat32, 64);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->forward_flops, a->forward_flops);  // cached, not measured again

@@ -53,6 +53,15 @@ class PendingExchange {
   // UNAVAILABLE). After an error the exchange's buffers may be partially
   // written.
   virtual absl::Status Wait(absl::Time deadline) = 0;
+  // Advances the exchange's transfers without blocking, for a caller that
+  // computes while they are in flight (the executor, between kernel waves):
+  // a transport that moves data only while driven (UCX) makes progress
+  // here, so transfers overlap the compute instead of waiting for Wait.
+  // Transfers that complete here are counted (counters()) at once. Returns
+  // at once when another thread is driving the transport; reports nothing
+  // (a failure found here is Wait's answer). Only the thread that started
+  // the exchange calls it.
+  virtual void Progress() {}
 };
 
 // Bytes this endpoint moved, by tier (what the transport itself counted).

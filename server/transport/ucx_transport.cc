@@ -39,6 +39,7 @@ class UcxPendingExchange final : public PendingExchange {
   }
 
   absl::Status Wait(absl::Time deadline) override;
+  void Progress() override;
 
   // Posts one message. REQUIRES the worker's mutex.
   absl::Status PostLocked(bool send, int32_t peer, void* data, int64_t bytes, uint64_t ucp_tag);
@@ -56,6 +57,7 @@ class UcxPendingExchange final : public PendingExchange {
   const uint64_t tag_;
   std::vector<UcxOp> ops_;
   int outstanding_ = 0;
+  absl::Status progress_failure_;  // the first failure Progress() found
 };
 
 std::string UcxPendingExchange::Describe(const UcxOp& op) const {
@@ -182,6 +184,19 @@ void UcxPendingExchange::CancelLocked() {
   }
 }
 
+void UcxPendingExchange::Progress() {
+  // A try: a rank thread between its kernel waves must not wait for
+  // another's progress (that one is moving the same worker's data anyway).
+  absl::Mutex& mu = transport_->worker_->mu();
+  if (!mu.TryLock()) return;
+  transport_->worker_->ProgressLocked();
+  // Completed requests are settled (and counted) now; a failure waits for
+  // Wait to report it.
+  absl::Status failure = PollLocked();
+  if (progress_failure_.ok()) progress_failure_ = std::move(failure);
+  mu.Unlock();
+}
+
 absl::Status UcxPendingExchange::Wait(absl::Time deadline) {
   UcxWorker* worker = transport_->worker_;
   int idle_rounds = 0;
@@ -191,6 +206,7 @@ absl::Status UcxPendingExchange::Wait(absl::Time deadline) {
       absl::MutexLock lock(&worker->mu());
       const unsigned events = worker->ProgressLocked();
       failure = PollLocked();
+      if (failure.ok()) failure = progress_failure_;
       if (failure.ok() && outstanding_ == 0) return absl::OkStatus();
       if (failure.ok()) failure = NodeFailuresLocked();
       if (failure.ok() && transport_->aborted_.load(std::memory_order_acquire)) {

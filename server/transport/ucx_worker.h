@@ -11,7 +11,9 @@
 // Threading: one worker serves every rank thread of the daemon. The UCP
 // worker is created UCS_THREAD_MODE_SERIALIZED and every UCP call on it is
 // made under mu() — there is no progress thread. Threads that wait for their
-// transfers drive progress (the caller-progress model of MPI): a transfer
+// transfers drive progress (the caller-progress model of MPI), and so do
+// rank threads between the kernel waves of the work a stage's transfers
+// overlap (PendingExchange::Progress, a try-lock): a transfer
 // always has a waiting party at both ends, so nothing stalls, and a daemon
 // with no call in flight burns no CPU, which matters on nodes whose cores
 // run the attention kernels. Whoever progresses completes everybody's
