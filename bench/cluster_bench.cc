@@ -2,9 +2,10 @@
 // hsapd processes (UCX over tcp between nodes), for the sequence-aware
 // strategies against the baselines, on packs of real document lengths.
 //
-// Everything is measured side by side in one run: for each pack and
-// strategy, the median over --reps of the group's forward and backward wall
-// time (first request to last reply), and the bytes each rank received
+// Everything is measured side by side in one run: for each pack, --reps
+// rounds that each run every strategy once, and per strategy the median
+// over rounds of the group's forward and backward wall time (first request
+// to last reply), and the bytes each rank received
 // (the transports' own counts). Ratios are against ring on the same pack.
 //
 //   bazel run -c opt //bench:cluster_bench -- --nodes=2 --devices=2 --tokens=8192
@@ -27,7 +28,8 @@ ABSL_FLAG(int, nodes, 2, "daemons (nodes) of the loopback cluster");
 ABSL_FLAG(int, devices, 2, "CPU device slots per node");
 ABSL_FLAG(int64_t, tokens, 8192, "tokens per pack");
 ABSL_FLAG(int, packs, 3, "packs of the workload to run");
-ABSL_FLAG(int, reps, 3, "repetitions per (pack, strategy); the median is reported");
+ABSL_FLAG(int, reps, 5,
+          "rounds per pack, each running every strategy once; the median is reported");
 ABSL_FLAG(int, heads, 8, "query heads");
 ABSL_FLAG(int, kv_heads, 8, "key/value heads");
 ABSL_FLAG(int, head_dim, 64, "head dimension");
@@ -138,11 +140,15 @@ int main(int argc, char** argv) {
                 }());
     std::printf("  %-9s %-8s %10s %10s %10s %10s %9s %14s %14s\n", "strategy", "ran", "fwd ms",
                 "bwd ms", "fwd+bwd", "modeled", "vs ring", "max recv B/rk", "total recv B");
+    // Repetition-major: every strategy once per round, so that a slow spell
+    // of this shared machine falls on all of them, not on one strategy's
+    // repetitions; the median over rounds counts.
     std::map<std::string, Row> rows;
-    for (const auto& [name, strategy] : strategies) {
-      Row row;
-      std::vector<double> fwd, bwd;
-      for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
+    std::map<std::string, std::vector<double>> fwd, bwd;
+    for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
+      for (const auto& [name, strategy] : strategies) {
+        Row& row = rows[name];
+        if (!row.error.empty()) continue;
         GroupSpec spec;
         spec.group = absl::StrCat("bench", seq_group++);
         spec.nodes = nodes;
@@ -153,19 +159,21 @@ int main(int argc, char** argv) {
         auto r = hsap::testing::RunGroup(problem, spec);
         if (!r.ok()) {
           row.error = std::string(r.status().message());
-          break;
+          row.ok = false;
+          continue;
         }
-        fwd.push_back(r->forward_seconds);
-        bwd.push_back(r->backward_seconds);
+        fwd[name].push_back(r->forward_seconds);
+        bwd[name].push_back(r->backward_seconds);
         row.max_recv = *std::max_element(r->bytes_received.begin(), r->bytes_received.end());
         row.total_recv = 0;
         for (uint64_t b : r->bytes_received) row.total_recv += b;
         row.ran = hsap::v1::Strategy_Name(r->strategies_run[0]).substr(9);
         row.ok = true;
       }
-      row.fwd = Median(fwd);
-      row.bwd = Median(bwd);
-      rows[name] = row;
+    }
+    for (auto& [name, row] : rows) {
+      row.fwd = Median(fwd[name]);
+      row.bwd = Median(bwd[name]);
     }
     // The model under the profile node 0 settled for this shape.
     std::string settled;

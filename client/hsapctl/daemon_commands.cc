@@ -259,9 +259,10 @@ int RunClusterCommand(const std::vector<std::string>& args) {
                 response.intra_latency_us());
   }
   for (const auto& m : response.measured_compute()) {
-    std::printf("  %s d%d: %.3g FLOP/s forward, backward %.3gx\n",
+    std::printf("  %s d%d: %.3g FLOP/s forward, backward %.3gx, interleaved KV heads %.3gx "
+                "per doubling\n",
                 EnumWord(hsap::v1::DType_Name(m.dtype()), "DTYPE_").c_str(), m.head_dim(),
-                m.forward_flops(), m.backward_factor());
+                m.forward_flops(), m.backward_factor(), m.kv_interleave_factor());
   }
   for (const std::string& p : response.static_profiles()) {
     std::printf("  static cluster: %s\n", p.c_str());

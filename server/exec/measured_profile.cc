@@ -6,6 +6,7 @@
 #include <limits>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -36,95 +37,165 @@ struct SlotTimes {
   double fwd_s = 0, bwd_s = 0;  // medians of the timed runs
 };
 
-// Forward six times and backward four times on `backend`; the first of
-// each is a warm-up, the median of the others counts.
-SlotTimes TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64_t n) {
-  SlotTimes out;
-  const int64_t elems = n * head_dim;
-  const int64_t in_bytes = elems * DTypeSize(dtype);
-  std::vector<BackendBuffer> bufs;
-  auto alloc = [&](int64_t bytes) -> char* {
-    if (!out.status.ok()) return nullptr;
-    auto b = backend->Allocate(bytes);
+// `items` causal items of n tokens, each in buffers of its own, of `heads`
+// heads interleaved in each row (row stride heads * D, as a rank's buffers
+// hold them), on `backend`; Forward() and Backward() run all items in one
+// call and return its seconds.
+class ItemRun {
+ public:
+  ItemRun(ComputeBackend* backend, DType dtype, int32_t head_dim, int heads, int items, int64_t n)
+      : backend_(backend) {
+    const int64_t item_elems = n * heads * head_dim, item_lse = n * heads;
+    const int64_t elems = item_elems * items;
+    lse_elems_ = item_lse * items;
+    const int64_t elem = DTypeSize(dtype);
+    char* q = Alloc(elems * elem);
+    char* k = Alloc(elems * elem);
+    char* v = Alloc(elems * elem);
+    char* dout = Alloc(elems * elem);
+    auto* o = reinterpret_cast<float*>(Alloc(elems * 4));
+    lse_ = reinterpret_cast<float*>(Alloc(lse_elems_ * 4));
+    auto* delta = reinterpret_cast<float*>(Alloc(lse_elems_ * 4));
+    auto* dq = reinterpret_cast<float*>(Alloc(elems * 4));
+    auto* dk = reinterpret_cast<float*>(Alloc(elems * 4));
+    auto* dv = reinterpret_cast<float*>(Alloc(elems * 4));
+    if (!status_.ok()) return;
+    // Finite inputs: fresh memory may hold anything, and an item with a
+    // non-finite or huge input runs on the kernels' exact float64 tiles (the
+    // first version left them unset and read backward/forward between 3.3
+    // and 10.7 from run to run). Delta = 0 stands in for rowsum(dO * O).
+    status_.Update(backend->Fill(dk, elems, 0.25f));
+    for (char* t : {q, k, v, dout}) status_.Update(backend->CastFromFloat(dk, elems, dtype, t));
+    status_.Update(backend->Fill(delta, lse_elems_, 0.f));
+    for (float* acc : {o, dq, dk, dv}) status_.Update(backend->Fill(acc, elems, 0.f));
+    shape_.num_heads_q = heads;
+    shape_.num_heads_kv = heads;
+    shape_.head_dim = head_dim;
+    shape_.dtype = dtype;
+    shape_.softmax_scale = 1.f / std::sqrt(static_cast<float>(head_dim));
+    fwd_.resize(items);
+    bwd_.resize(items);
+    for (int i = 0; i < items; ++i) {
+      const int64_t e = i * item_elems * elem, e4 = i * item_elems, l = i * item_lse;
+      kernels::FwdWorkItem& f = fwd_[i];
+      f.q = q + e;
+      f.k = k + e;
+      f.v = v + e;
+      f.num_q = f.num_k = n;
+      f.type = MaskType::kCausal;
+      f.o_acc = o + e4;
+      f.lse_acc = lse_ + l;
+      f.lse_stride = n;
+      kernels::BwdWorkItem& b = bwd_[i];
+      b.q = f.q;
+      b.k = f.k;
+      b.v = f.v;
+      b.dout = dout + e;
+      b.lse = lse_ + l;
+      b.delta = delta + l;
+      b.lse_stride = n;
+      b.num_q = b.num_k = n;
+      b.type = MaskType::kCausal;
+      b.dq_acc = dq + e4;
+      b.dk_acc = dk + e4;
+      b.dv_acc = dv + e4;
+    }
+  }
+
+  const absl::Status& status() const { return status_; }
+
+  absl::StatusOr<double> Forward() {
+    HSAP_RETURN_IF_ERROR(status_);
+    HSAP_RETURN_IF_ERROR(
+        backend_->Fill(lse_, lse_elems_, -std::numeric_limits<float>::infinity()));
+    const absl::Time t0 = absl::Now();
+    HSAP_RETURN_IF_ERROR(backend_->Forward(shape_, fwd_));
+    HSAP_RETURN_IF_ERROR(backend_->Synchronize());
+    return absl::ToDoubleSeconds(absl::Now() - t0);
+  }
+  absl::StatusOr<double> Backward() {
+    HSAP_RETURN_IF_ERROR(status_);
+    const absl::Time t0 = absl::Now();
+    HSAP_RETURN_IF_ERROR(backend_->Backward(shape_, bwd_));
+    HSAP_RETURN_IF_ERROR(backend_->Synchronize());
+    return absl::ToDoubleSeconds(absl::Now() - t0);
+  }
+
+ private:
+  char* Alloc(int64_t bytes) {
+    if (!status_.ok()) return nullptr;
+    auto b = backend_->Allocate(bytes);
     if (!b.ok()) {
-      out.status = b.status();
+      status_ = b.status();
       return nullptr;
     }
-    bufs.push_back(std::move(b).value());
-    return bufs.back().data();
+    bufs_.push_back(std::move(b).value());
+    return bufs_.back().data();
+  }
+
+  ComputeBackend* const backend_;
+  absl::Status status_;
+  std::vector<BackendBuffer> bufs_;
+  kernels::AttentionShape shape_;
+  std::vector<kernels::FwdWorkItem> fwd_;
+  std::vector<kernels::BwdWorkItem> bwd_;
+  float* lse_ = nullptr;
+  int64_t lse_elems_ = 0;
+};
+
+// What one slot measures: the rate run (one head of n tokens, forward six
+// times and backward four times, the first of each a warm-up, medians), and
+// the interleave pair — kInterleavedHeads heads of n/2 tokens as separate
+// one-head items (each its own buffers) and interleaved in one item's rows,
+// the same work and memory: after a warm-up of each, kInterleaveRounds
+// rounds of one forward of each, the ratio of a round's two times, median
+// over rounds (alternating, so a slow spell of the machine hits both).
+constexpr int kInterleavedHeads = 8;
+constexpr int kInterleaveRounds = 3;
+struct SlotRuns {
+  SlotTimes rate;
+  absl::Status interleave_status;
+  double interleave_ratio = 1;  // rate interleaved / rate separate
+};
+
+SlotRuns TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64_t n) {
+  SlotRuns r;
+  auto run = [](const absl::StatusOr<double>& t, std::vector<double>* times, absl::Status* st) {
+    if (!t.ok()) {
+      st->Update(t.status());
+    } else if (times != nullptr) {
+      times->push_back(*t);
+    }
   };
-  char* q = alloc(in_bytes);
-  char* k = alloc(in_bytes);
-  char* v = alloc(in_bytes);
-  char* dout = alloc(in_bytes);
-  auto* o = reinterpret_cast<float*>(alloc(elems * 4));
-  auto* lse = reinterpret_cast<float*>(alloc(n * 4));
-  auto* delta = reinterpret_cast<float*>(alloc(n * 4));
-  auto* dq = reinterpret_cast<float*>(alloc(elems * 4));
-  auto* dk = reinterpret_cast<float*>(alloc(elems * 4));
-  auto* dv = reinterpret_cast<float*>(alloc(elems * 4));
-  if (!out.status.ok()) return out;
-  // Finite inputs: fresh memory may hold anything, and an item with a
-  // non-finite or huge input runs on the kernels' exact float64 tiles (the
-  // first version left them unset and read backward/forward between 3.3
-  // and 10.7 from run to run). Delta = 0 stands in for rowsum(dO * O).
-  for (char* t : {q, k, v, dout}) {
-    out.status.Update(backend->Fill(dq, elems, 0.25f));
-    out.status.Update(backend->CastFromFloat(dq, elems, dtype, t));
+  {
+    ItemRun rate(backend, dtype, head_dim, 1, 1, n);
+    std::vector<double> fwd, bwd;
+    for (int i = 0; i < 6 && r.rate.status.ok(); ++i) {
+      run(rate.Forward(), i > 0 ? &fwd : nullptr, &r.rate.status);
+    }
+    for (int i = 0; i < 4 && r.rate.status.ok(); ++i) {
+      run(rate.Backward(), i > 0 ? &bwd : nullptr, &r.rate.status);
+    }
+    if (!r.rate.status.ok()) return r;
+    r.rate.fwd_s = MedianOf(fwd);
+    r.rate.bwd_s = MedianOf(bwd);
   }
-  out.status.Update(backend->Fill(delta, n, 0.f));
-  for (float* acc : {o, dq, dk, dv}) out.status.Update(backend->Fill(acc, elems, 0.f));
-  if (!out.status.ok()) return out;
-  kernels::AttentionShape shape;
-  shape.num_heads_q = 1;
-  shape.num_heads_kv = 1;
-  shape.head_dim = head_dim;
-  shape.dtype = dtype;
-  shape.softmax_scale = 1.f / std::sqrt(static_cast<float>(head_dim));
-  kernels::FwdWorkItem f;
-  f.q = q;
-  f.k = k;
-  f.v = v;
-  f.num_q = n;
-  f.num_k = n;
-  f.type = MaskType::kCausal;
-  f.o_acc = o;
-  f.lse_acc = lse;
-  f.lse_stride = n;
-  kernels::BwdWorkItem b;
-  b.q = q;
-  b.k = k;
-  b.v = v;
-  b.dout = dout;
-  b.lse = lse;
-  b.delta = delta;
-  b.lse_stride = n;
-  b.num_q = n;
-  b.num_k = n;
-  b.type = MaskType::kCausal;
-  b.dq_acc = dq;
-  b.dk_acc = dk;
-  b.dv_acc = dv;
-  std::vector<double> fwd_times, bwd_times;
-  for (int i = 0; i < 6 && out.status.ok(); ++i) {
-    out.status = backend->Fill(lse, n, -std::numeric_limits<float>::infinity());
-    if (!out.status.ok()) break;
-    const absl::Time t0 = absl::Now();
-    out.status = backend->Forward(shape, {&f, 1});
-    if (out.status.ok()) out.status = backend->Synchronize();
-    if (i > 0) fwd_times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+  const int64_t half = std::max<int64_t>(64, n / 2);
+  ItemRun separate(backend, dtype, head_dim, 1, kInterleavedHeads, half);
+  ItemRun interleaved(backend, dtype, head_dim, kInterleavedHeads, 1, half);
+  std::vector<double> a, b;
+  absl::Status& st = r.interleave_status;
+  run(separate.Forward(), nullptr, &st);
+  run(interleaved.Forward(), nullptr, &st);
+  for (int i = 0; i < kInterleaveRounds && st.ok(); ++i) {
+    run(separate.Forward(), &a, &st);
+    run(interleaved.Forward(), &b, &st);
   }
-  for (int i = 0; i < 4 && out.status.ok(); ++i) {
-    const absl::Time t0 = absl::Now();
-    out.status = backend->Backward(shape, {&b, 1});
-    if (out.status.ok()) out.status = backend->Synchronize();
-    if (i > 0) bwd_times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
-  }
-  if (out.status.ok()) {
-    out.fwd_s = MedianOf(fwd_times);
-    out.bwd_s = MedianOf(bwd_times);
-  }
-  return out;
+  if (!st.ok()) return r;
+  std::vector<double> ratios;
+  for (size_t i = 0; i < a.size(); ++i) ratios.push_back(std::max(a[i], 1e-9) / std::max(b[i], 1e-9));
+  r.interleave_ratio = MedianOf(ratios);
+  return r;
 }
 
 }  // namespace
@@ -134,6 +205,7 @@ plan::HardwareProfile MeasuredHardwareProfile(const ComputeRate& rate, const Int
   plan::HardwareProfile p;
   p.attention_flops = rate.forward_flops;
   p.backward_factor = rate.backward_factor;
+  p.kv_interleave_factor = rate.kv_interleave_factor;
   p.intra_bytes_per_s = intra.bytes_per_s;
   p.intra_latency_s = intra.latency_s;
   p.inter_bytes_per_s = inter_bytes_per_s;
@@ -176,7 +248,7 @@ absl::StatusOr<ComputeRate> MeasuredProfiles::Compute(DType dtype, int32_t head_
 absl::StatusOr<ComputeRate> MeasuredProfiles::Measure(DType dtype, int32_t head_dim) {
   const int64_t n = MeasureTokens(head_dim);
   const int slots = slots_->size();
-  std::vector<SlotTimes> times(slots);
+  std::vector<SlotRuns> times(slots);
   {
     std::vector<DeviceSlots::Lease> leases;
     for (int s = 0; s < slots; ++s) leases.push_back(slots_->Acquire(s, slots));
@@ -192,19 +264,34 @@ absl::StatusOr<ComputeRate> MeasuredProfiles::Measure(DType dtype, int32_t head_
     for (std::thread& t : threads) t.join();
   }
   const double flops = 4.0 * head_dim * (static_cast<double>(n) * (n + 1) / 2);
-  double rate_sum = 0, factor_sum = 0;
-  for (const SlotTimes& t : times) {
-    HSAP_RETURN_IF_ERROR(t.status);
-    const double fwd = std::max(t.fwd_s, 1e-9);
+  double rate_sum = 0, factor_sum = 0, interleave_sum = 0;
+  int interleave_slots = 0;
+  for (const SlotRuns& t : times) {
+    HSAP_RETURN_IF_ERROR(t.rate.status);
+    const double fwd = std::max(t.rate.fwd_s, 1e-9);
     rate_sum += flops / fwd;
-    factor_sum += std::max(t.bwd_s, 1e-9) / fwd;
+    factor_sum += std::max(t.rate.bwd_s, 1e-9) / fwd;
+    // The rate of eight interleaved heads over eight separate ones, the
+    // same work; a factor per doubling (8 = 2^3). A slot whose budget had
+    // no room for the pair (RESOURCE_EXHAUSTED) does not count.
+    if (t.interleave_status.ok()) {
+      interleave_sum += std::cbrt(std::clamp(t.interleave_ratio, 0.125, 1.0));
+      ++interleave_slots;
+    } else if (!absl::IsResourceExhausted(t.interleave_status)) {
+      return t.interleave_status;
+    }
   }
   ComputeRate rate;
   rate.dtype = dtype;
   rate.head_dim = head_dim;
-  // Inside the profile parser's ranges (flops in [1, 1e21], factor in (0, 100]).
+  // Inside the profile parser's ranges (flops in [1, 1e21], factor in
+  // (0, 100], interleave in [0.5, 1]).
   rate.forward_flops = std::clamp(RoundToThreeDigits(rate_sum / slots), 1.0, 1e21);
   rate.backward_factor = std::clamp(RoundToThreeDigits(factor_sum / slots), 0.01, 100.0);
+  rate.kv_interleave_factor =
+      interleave_slots == 0
+          ? 1.0
+          : std::clamp(RoundToThreeDigits(interleave_sum / interleave_slots), 0.5, 1.0);
   return rate;
 }
 

@@ -13,6 +13,18 @@
 // the daemon's life (at most kMaxEntries head dims per dtype; beyond them
 // the nearest one measured serves).
 //
+// Interleaved heads: a rank's buffers hold its heads interleaved in each
+// row ([rows, H, D]), and the CPU kernels' per-head rate falls with H (on
+// this project's machine, D 64: 8 heads ran at 0.78-0.88 of one head's
+// per-head rate; the cause, cache or TLB, is not established). Eight causal
+// heads of N/2 tokens run as eight one-head items in buffers of their own
+// and as one item of eight interleaved heads (the same work and memory;
+// forward, a warm-up each, then three rounds of one each, alternating):
+// kv_interleave_factor = cbrt(median over rounds of rate interleaved /
+// rate separate), in [0.5, 1]; the cost model applies it per doubling of a
+// rank's KV heads. A slot whose memory budget has no room for the pair
+// leaves it out (factor 1 when none could).
+//
 // Intra-node tier, measured once: a memory copy's bandwidth (8 MiB, best
 // of five) and the latency of handing a message to another thread (median
 // of 200 round trips, halved).
@@ -42,6 +54,9 @@ struct ComputeRate {
   int32_t head_dim = 0;
   double forward_flops = 0;    // forward attention FLOP/s of one slot
   double backward_factor = 0;  // backward time / forward time, same work
+  // The per-head rate's factor per doubling of the KV heads interleaved in a
+  // row (plan::HardwareProfile::kv_interleave_factor).
+  double kv_interleave_factor = 1;
 };
 
 struct IntraTier {

@@ -80,6 +80,9 @@ TEST(MeasuredProfiles, TheLocalProfileIsAParametricProfileOfTheMeasurements) {
   const ComputeRate rate = *m.Compute(DType::kFloat32, 64);
   EXPECT_DOUBLE_EQ(p->attention_flops, rate.forward_flops);
   EXPECT_DOUBLE_EQ(p->backward_factor, rate.backward_factor);
+  EXPECT_DOUBLE_EQ(p->kv_interleave_factor, rate.kv_interleave_factor);
+  EXPECT_GE(rate.kv_interleave_factor, 0.5);
+  EXPECT_LE(rate.kv_interleave_factor, 1.0);
   ASSERT_TRUE(m.intra_measured());
   const IntraTier intra = m.Intra();
   // A memory copy moves more than 100 MB/s; handing a message to a thread

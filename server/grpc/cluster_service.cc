@@ -43,6 +43,7 @@ grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext* context,
       m->set_head_dim(r.head_dim);
       m->set_forward_flops(r.forward_flops);
       m->set_backward_factor(r.backward_factor);
+      m->set_kv_interleave_factor(r.kv_interleave_factor);
     }
     if (deps_.measured->intra_measured()) {
       const exec::IntraTier intra = deps_.measured->intra_if_measured();

@@ -79,11 +79,15 @@ int64_t ItemsArea(const SharedList<WorkItem>& items) {
   return area;
 }
 
-double ComputeSeconds(const HardwareProfile& p, int64_t area, int64_t heads, int64_t head_dim,
-                      bool backward) {
+double ComputeSeconds(const HardwareProfile& p, int64_t area, int64_t heads, int64_t kv_heads,
+                      int64_t head_dim, bool backward) {
   const double flops = 4.0 * static_cast<double>(area) * heads * head_dim *
                        (backward ? p.backward_factor : 1.0);
-  return flops / p.attention_flops;
+  const double interleave =
+      kv_heads > 1 && p.kv_interleave_factor < 1
+          ? std::pow(p.kv_interleave_factor, std::log2(static_cast<double>(kv_heads)))
+          : 1.0;
+  return flops / (p.attention_flops * interleave);
 }
 
 // The bytes of one stage's lists.
@@ -106,6 +110,7 @@ RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area
   m.bwd_s.assign(rp->backward.size(), 0.0);
   RankStats& rs = rp->stats;
   const int64_t heads = rp->q_head_end - rp->q_head_begin;
+  const int64_t kv_heads = rp->kv_head_end - rp->kv_head_begin;
   rs.fwd_compute_us = rs.bwd_compute_us = rs.fwd_us = rs.bwd_us = 0;
   rs.fwd_transfer_us = {};
   rs.bwd_transfer_us = {};
@@ -120,8 +125,8 @@ RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area
       fwd_total.recv[t] += b.recv[t];
     }
     const double xfer = TransferSeconds(profile, b, &rs.fwd_transfer_us);
-    const double overlap = ComputeSeconds(profile, area(s, false, true), heads, D, false);
-    const double after = ComputeSeconds(profile, area(s, false, false), heads, D, false);
+    const double overlap = ComputeSeconds(profile, area(s, false, true), heads, kv_heads, D, false);
+    const double after = ComputeSeconds(profile, area(s, false, false), heads, kv_heads, D, false);
     const double t = std::max(xfer, overlap) + after;
     rs.fwd_compute_us += (overlap + after) * 1e6;
     rs.fwd_us += t * 1e6;
@@ -142,8 +147,8 @@ RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area
     }
     const double xfer = TransferSeconds(profile, b, &rs.bwd_transfer_us);
     const double ret = TransferSeconds(profile, r, &rs.bwd_transfer_us);
-    const double overlap = ComputeSeconds(profile, area(s, true, true), heads, D, true);
-    const double after = ComputeSeconds(profile, area(s, true, false), heads, D, true);
+    const double overlap = ComputeSeconds(profile, area(s, true, true), heads, kv_heads, D, true);
+    const double after = ComputeSeconds(profile, area(s, true, false), heads, kv_heads, D, true);
     const double t = std::max(xfer, overlap) + after + ret;
     rs.bwd_compute_us += (overlap + after) * 1e6;
     rs.bwd_us += t * 1e6;
@@ -194,6 +199,7 @@ constexpr CustomField kCustomFields[] = {
     {"inter_latency_us", &HardwareProfile::inter_latency_s, 1e6, 0.0, 1e9, false, false},
     {"intra_latency_us", &HardwareProfile::intra_latency_s, 1e6, 0.0, 1e9, false, false},
     {"backward_factor", &HardwareProfile::backward_factor, 1.0, 0.0, 100.0, true, false},
+    {"kv_interleave_factor", &HardwareProfile::kv_interleave_factor, 1.0, 0.0, 1.0, true, false},
 };
 
 std::string CustomFieldNames() {
@@ -275,6 +281,8 @@ std::string CustomProfileString(const HardwareProfile& p) {
   std::string out(kCustomProfilePrefix);
   for (size_t i = 0; i < ABSL_ARRAYSIZE(kCustomFields); ++i) {
     const CustomField& f = kCustomFields[i];
+    // Absent means 1: the strings of profiles without it stay as they were.
+    if (f.member == &HardwareProfile::kv_interleave_factor && p.*f.member == 1.0) continue;
     absl::StrAppend(&out, i == 0 ? "" : ",", f.name, "=", RoundTrip(p.*f.member, f.divisor));
   }
   return out;

@@ -9,7 +9,8 @@
 //                 (tiers are separate links and run concurrently)
 //   stage_s     = max(transfer_s, compute(overlap_items)) + compute(items)
 //                 + return transfer (backward)
-//   compute     = 4 * D * area * q_heads FLOP forward, 2.5x that backward
+//   compute     = 4 * D * area * q_heads FLOP forward, 2.5x that backward,
+//                 at flops * kv_interleave_factor^log2(kv_heads of the rank)
 //
 // and a layer's modeled time is the sum over stages of the slowest rank
 // (stages are collective steps). Numbers are estimates, stated in
@@ -38,6 +39,12 @@ struct HardwareProfile {
   double inter_latency_s = 0;
   double attention_flops = 0;    // forward attention FLOP/s of one rank
   double backward_factor = 2.5;  // backward FLOPs / forward FLOPs
+  // The per-head attention rate's factor per doubling of the KV heads a
+  // rank holds interleaved in each row, in (0, 1]: a rank of h KV heads
+  // computes at attention_flops * kv_interleave_factor^log2(h). 1 (no
+  // effect) for the named profiles; measured for CPU slots (the kernels'
+  // row stride h * D costs them cache; server/exec/measured_profile.h).
+  double kv_interleave_factor = 1.0;
 };
 
 // The named profiles: "h100", "h200", "cpu-loopback".
@@ -52,8 +59,9 @@ std::vector<std::string> HardwareProfileNames();
 //
 // flops (attention FLOP/s of one rank, forward), inter_bytes_per_s and
 // intra_bytes_per_s (per rank, one direction) are required; the latencies
-// (microseconds per transfer, default 0) and backward_factor (backward
-// FLOPs over forward FLOPs, default 2.5) are optional. Values are decimal
+// (microseconds per transfer, default 0), backward_factor (backward
+// FLOPs over forward FLOPs, default 2.5) and kv_interleave_factor (in
+// (0, 1], default 1; written only when not 1) are optional. Values are decimal
 // or scientific numbers; each field at most once. The profile's name is the
 // whole string (it is part of the plan key, so every node of a group must
 // be given the same string).

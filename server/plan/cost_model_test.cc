@@ -149,6 +149,51 @@ TEST(CostModelProfileTest, CompileUsesTheParsedProfile) {
       << bad.status();
 }
 
+// kv_interleave_factor slows a rank's compute by the factor per doubling of
+// the KV heads it holds: with free links, a plan whose ranks hold 2 KV heads
+// (sap: every head on every rank) models twice the time at 0.5, one whose
+// ranks hold 1 (hsap over 2 slots) the same time. It is written only when
+// not 1 and round-trips.
+TEST(CostModelProfileTest, InterleavedKvHeadsSlowTheRank) {
+  const std::string free_links = "custom:flops=1e10,inter_bytes_per_s=1e15,intra_bytes_per_s=1e15";
+  const std::string halved = free_links + ",kv_interleave_factor=0.5";
+  for (Strategy s : {Strategy::kSap, Strategy::kHsap, Strategy::kRing, Strategy::kUlysses}) {
+    absl::StatusOr<Plan> a = CompilePlan(Spec(s, free_links));
+    absl::StatusOr<Plan> b = CompilePlan(Spec(s, halved));
+    ASSERT_TRUE(a.ok() && b.ok()) << StrategyName(s);
+    const RankPlan& r = a->ranks[0];
+    const double kv_heads = r.kv_head_end - r.kv_head_begin;
+    for (const RankPlan& other : a->ranks) {
+      ASSERT_EQ(other.kv_head_end - other.kv_head_begin, kv_heads) << StrategyName(s);
+    }
+    EXPECT_NEAR(b->stats.modeled_us / a->stats.modeled_us, kv_heads, 1e-6) << StrategyName(s);
+    if (s == Strategy::kSap) EXPECT_EQ(kv_heads, 2);
+    if (s == Strategy::kHsap) EXPECT_EQ(kv_heads, 1);
+  }
+  absl::StatusOr<HardwareProfile> p = ParseHardwareProfile(halved);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->kv_interleave_factor, 0.5);
+  EXPECT_EQ(ParseHardwareProfile(CustomProfileString(*p))->kv_interleave_factor, 0.5);
+  EXPECT_NE(CustomProfileString(*p).find(",kv_interleave_factor=0.5"), std::string::npos);
+  EXPECT_EQ(CustomProfileString(*ParseHardwareProfile(free_links)).find("kv_interleave"),
+            std::string::npos);
+  ExpectProfileError(free_links + ",kv_interleave_factor=0",
+                     "field kv_interleave_factor is 0; it must be in (0, 1]");
+  ExpectProfileError(free_links + ",kv_interleave_factor=1.5",
+                     "field kv_interleave_factor is 1.5; it must be in (0, 1]");
+  // auto still models the least of the strategies under it.
+  absl::StatusOr<Plan> best_auto = CompilePlan(Spec(Strategy::kAuto, halved));
+  ASSERT_TRUE(best_auto.ok());
+  double best = 1e300;
+  for (Strategy s : {Strategy::kRing, Strategy::kAllGather, Strategy::kUlysses, Strategy::kUsp,
+                     Strategy::kSap, Strategy::kHsap}) {
+    absl::StatusOr<Plan> c = CompilePlan(Spec(s, halved));
+    ASSERT_TRUE(c.ok());
+    best = std::min(best, c->stats.modeled_us);
+  }
+  EXPECT_EQ(best_auto->stats.modeled_us, best);
+}
+
 // auto ranks the candidates with the given profile: its modeled time is
 // the lowest of the six strategies compiled under the same custom profile.
 TEST(CostModelProfileTest, AutoPlansWithTheCustomProfile) {
