@@ -18,13 +18,14 @@ namespace {
 
 using plan::RoundToThreeDigits;
 
-// Tokens of the measurement's one head: about 256 MFLOP per forward
-// (2 * D * n^2), some milliseconds on a core — long enough that the kernel
-// runs at the rate of a real call's items (at 32 MFLOP the rate read 30 %
-// low and backward/forward ranged 2.4-10.7 between runs on one machine).
+// Tokens of the measurement's one head: about 32 MFLOP per forward
+// (2 * D * n^2), under a millisecond on a core. The measurement runs on a
+// call's path and cannot be cut short by its deadline, so it stays small:
+// a 256 MFLOP version (8x the work) held first calls 13-25 s under
+// AddressSanitizer, past their deadlines.
 int64_t MeasureTokens(int32_t head_dim) {
-  const double n = std::sqrt(128e6 / std::max(1, head_dim));
-  return std::clamp<int64_t>(static_cast<int64_t>(n / 64) * 64, 64, 4096);
+  const double n = std::sqrt(16e6 / std::max(1, head_dim));
+  return std::clamp<int64_t>(static_cast<int64_t>(n / 64) * 64, 64, 2048);
 }
 
 double MedianOf(std::vector<double> v) {
@@ -37,13 +38,14 @@ struct SlotTimes {
   double fwd_s = 0, bwd_s = 0;  // medians of the timed runs
 };
 
-// `items` causal items of n tokens, each in buffers of its own, of `heads`
+// `items` causal items of n keys, each in buffers of its own, of `heads`
 // heads interleaved in each row (row stride heads * D, as a rank's buffers
-// hold them), on `backend`; Forward() and Backward() run all items in one
-// call and return its seconds.
+// hold them), their last `num_q` rows as queries, on `backend`; Forward()
+// and Backward() run all items in one call and return its seconds.
 class ItemRun {
  public:
-  ItemRun(ComputeBackend* backend, DType dtype, int32_t head_dim, int heads, int items, int64_t n)
+  ItemRun(ComputeBackend* backend, DType dtype, int32_t head_dim, int heads, int items, int64_t n,
+          int64_t num_q)
       : backend_(backend) {
     const int64_t item_elems = n * heads * head_dim, item_lse = n * heads;
     const int64_t elems = item_elems * items;
@@ -81,11 +83,13 @@ class ItemRun {
       f.q = q + e;
       f.k = k + e;
       f.v = v + e;
-      f.num_q = f.num_k = n;
+      f.num_q = num_q;
+      f.num_k = n;
       f.type = MaskType::kCausal;
+      f.offset = n - num_q;
       f.o_acc = o + e4;
       f.lse_acc = lse_ + l;
-      f.lse_stride = n;
+      f.lse_stride = num_q;
       kernels::BwdWorkItem& b = bwd_[i];
       b.q = f.q;
       b.k = f.k;
@@ -93,9 +97,11 @@ class ItemRun {
       b.dout = dout + e;
       b.lse = lse_ + l;
       b.delta = delta + l;
-      b.lse_stride = n;
-      b.num_q = b.num_k = n;
+      b.lse_stride = num_q;
+      b.num_q = num_q;
+      b.num_k = n;
       b.type = MaskType::kCausal;
+      b.offset = n - num_q;
       b.dq_acc = dq + e4;
       b.dk_acc = dk + e4;
       b.dv_acc = dv + e4;
@@ -143,15 +149,17 @@ class ItemRun {
   int64_t lse_elems_ = 0;
 };
 
-// What one slot measures: the rate run (one head of n tokens, forward six
-// times and backward four times, the first of each a warm-up, medians), and
-// the interleave pair — kInterleavedHeads heads of n/2 tokens as separate
-// one-head items (each its own buffers) and interleaved in one item's rows,
-// the same work and memory: after a warm-up of each, kInterleaveRounds
-// rounds of one forward of each, the ratio of a round's two times, median
-// over rounds (alternating, so a slow spell of the machine hits both).
+// What one slot measures: the rate run (one head of n tokens, forward four
+// times and backward three times, the first of each a warm-up, medians),
+// and the interleave pair — kInterleavedHeads heads, the last n/8 rows
+// against all n keys, as separate one-head items (each its own buffers)
+// and interleaved in one item's rows, the same work and memory:
+// kInterleaveRounds rounds of one forward of each (the rate run warmed the
+// code, the fills touched the memory), the ratio of a round's two times,
+// the mean over rounds (alternating, so a slow spell hits both). About
+// 0.6 GFLOP in all at D 64.
 constexpr int kInterleavedHeads = 8;
-constexpr int kInterleaveRounds = 3;
+constexpr int kInterleaveRounds = 2;
 struct SlotRuns {
   SlotTimes rate;
   absl::Status interleave_status;
@@ -168,33 +176,31 @@ SlotRuns TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64_
     }
   };
   {
-    ItemRun rate(backend, dtype, head_dim, 1, 1, n);
+    ItemRun rate(backend, dtype, head_dim, 1, 1, n, n);
     std::vector<double> fwd, bwd;
-    for (int i = 0; i < 6 && r.rate.status.ok(); ++i) {
+    for (int i = 0; i < 4 && r.rate.status.ok(); ++i) {
       run(rate.Forward(), i > 0 ? &fwd : nullptr, &r.rate.status);
     }
-    for (int i = 0; i < 4 && r.rate.status.ok(); ++i) {
+    for (int i = 0; i < 3 && r.rate.status.ok(); ++i) {
       run(rate.Backward(), i > 0 ? &bwd : nullptr, &r.rate.status);
     }
     if (!r.rate.status.ok()) return r;
     r.rate.fwd_s = MedianOf(fwd);
     r.rate.bwd_s = MedianOf(bwd);
   }
-  const int64_t half = std::max<int64_t>(64, n / 2);
-  ItemRun separate(backend, dtype, head_dim, 1, kInterleavedHeads, half);
-  ItemRun interleaved(backend, dtype, head_dim, kInterleavedHeads, 1, half);
+  const int64_t rows = std::min<int64_t>(n, std::max<int64_t>(64, n / 8));
+  ItemRun separate(backend, dtype, head_dim, 1, kInterleavedHeads, n, rows);
+  ItemRun interleaved(backend, dtype, head_dim, kInterleavedHeads, 1, n, rows);
   std::vector<double> a, b;
   absl::Status& st = r.interleave_status;
-  run(separate.Forward(), nullptr, &st);
-  run(interleaved.Forward(), nullptr, &st);
   for (int i = 0; i < kInterleaveRounds && st.ok(); ++i) {
     run(separate.Forward(), &a, &st);
     run(interleaved.Forward(), &b, &st);
   }
   if (!st.ok()) return r;
-  std::vector<double> ratios;
-  for (size_t i = 0; i < a.size(); ++i) ratios.push_back(std::max(a[i], 1e-9) / std::max(b[i], 1e-9));
-  r.interleave_ratio = MedianOf(ratios);
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) sum += std::max(a[i], 1e-9) / std::max(b[i], 1e-9);
+  r.interleave_ratio = sum / static_cast<double>(a.size());
   return r;
 }
 

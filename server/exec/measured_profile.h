@@ -3,8 +3,8 @@
 // docs/planner.md, "Measured profiles").
 //
 // Compute: the first time a plan needs a (dtype, head dim), a short causal
-// attention run — forward six times, backward four times, one head of N
-// tokens with N chosen so that a forward is about 256 MFLOP — on every
+// attention run — forward four times, backward three times, one head of N
+// tokens with N chosen so that a forward is about 32 MFLOP — on every
 // device slot at the same time, so that slots that share cores are
 // measured sharing them. The forward rate is the mean over slots of
 // 4 * D * area / (median forward, the first of each a warm-up);
@@ -16,11 +16,11 @@
 // Interleaved heads: a rank's buffers hold its heads interleaved in each
 // row ([rows, H, D]), and the CPU kernels' per-head rate falls with H (on
 // this project's machine, D 64: 8 heads ran at 0.78-0.88 of one head's
-// per-head rate; the cause, cache or TLB, is not established). Eight causal
-// heads of N/2 tokens run as eight one-head items in buffers of their own
-// and as one item of eight interleaved heads (the same work and memory;
-// forward, a warm-up each, then three rounds of one each, alternating):
-// kv_interleave_factor = cbrt(median over rounds of rate interleaved /
+// per-head rate; the cause, cache or TLB, is not established). Eight heads
+// (the last N/8 rows against all N keys) run as eight one-head items in
+// buffers of their own and as one item of eight interleaved heads (the
+// same work and memory; two rounds of one forward each, alternating):
+// kv_interleave_factor = cbrt(mean over rounds of rate interleaved /
 // rate separate), in [0.5, 1]; the cost model applies it per doubling of a
 // rank's KV heads. A slot whose memory budget has no room for the pair
 // leaves it out (factor 1 when none could).
