@@ -216,3 +216,13 @@ echo "== measure"
 timeout $(( TIME_LIMIT_S + 1800 )) "$BENCH" --phase=measure "${COMMON[@]}" --packs="$PACKS" \
   --reps="$REPS" --strategies="$STRATEGIES" --profile="$MODEL_PROFILE" --auto_by="$AUTO_BY" \
   --time_limit_s="$TIME_LIMIT_S"
+
+# TCP's own account of the links (each namespace's counters start at zero):
+# retransmitted segments and retransmission timeouts, summed over nodes.
+RETRANS=0 TIMEOUTS=0 SEGS=0
+for ((i = 0; i < NODES; i++)); do
+  read -r r t s <<<"$(ip netns exec "$TAG-n$i" nstat -az TcpRetransSegs TcpExtTCPTimeouts TcpOutSegs 2>/dev/null |
+    awk '$1=="TcpRetransSegs"{r=$2} $1=="TcpExtTCPTimeouts"{t=$2} $1=="TcpOutSegs"{s=$2} END{print r+0, t+0, s+0}')"
+  RETRANS=$((RETRANS + r)) TIMEOUTS=$((TIMEOUTS + t)) SEGS=$((SEGS + s))
+done
+echo "tcp over all nodes: $SEGS segments sent, $RETRANS retransmitted, $TIMEOUTS retransmission timeouts"
