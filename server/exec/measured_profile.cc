@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -28,14 +29,9 @@ int64_t MeasureTokens(int32_t head_dim) {
   return std::clamp<int64_t>(static_cast<int64_t>(n / 64) * 64, 64, 2048);
 }
 
-double MedianOf(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 struct SlotTimes {
   absl::Status status;
-  double fwd_s = 0, bwd_s = 0;  // medians of the timed runs
+  double fwd_s = 0, bwd_s = 0;  // means over the timed window
 };
 
 // `items` causal items of n keys, each in buffers of its own, of `heads`
@@ -149,8 +145,8 @@ class ItemRun {
   int64_t lse_elems_ = 0;
 };
 
-// What one slot measures: the rate run (one head of n tokens, forward four
-// times and backward three times, the first of each a warm-up, medians),
+// What one slot measures: the rate run (one head of n tokens; forward, then
+// backward, each one warm-up and then the mean over a kRateWindowS window),
 // and the interleave pair — kInterleavedHeads heads, the last n/8 rows
 // against all n keys, as separate one-head items (each its own buffers)
 // and interleaved in one item's rows, the same work and memory:
@@ -158,6 +154,8 @@ class ItemRun {
 // code, the fills touched the memory), the ratio of a round's two times,
 // the mean over rounds (alternating, so a slow spell hits both). About
 // 0.6 GFLOP in all at D 64.
+constexpr double kRateWindowS = 0.02;
+constexpr size_t kMaxRateRuns = 64;
 constexpr int kInterleavedHeads = 8;
 constexpr int kInterleaveRounds = 2;
 struct SlotRuns {
@@ -177,16 +175,26 @@ SlotRuns TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64_
   };
   {
     ItemRun rate(backend, dtype, head_dim, 1, 1, n, n);
-    std::vector<double> fwd, bwd;
-    for (int i = 0; i < 4 && r.rate.status.ok(); ++i) {
-      run(rate.Forward(), i > 0 ? &fwd : nullptr, &r.rate.status);
-    }
-    for (int i = 0; i < 3 && r.rate.status.ok(); ++i) {
-      run(rate.Backward(), i > 0 ? &bwd : nullptr, &r.rate.status);
-    }
+    // One warm-up, then runs until kRateWindowS have passed (at least 2, at
+    // most kMaxRateRuns), the mean: a window longer than the scheduler's
+    // slices, so slots sharing cores read the share they get, where the
+    // median of single sub-millisecond runs read whichever run had a core
+    // to itself (cluster_bench's two daemons measuring at once read
+    // backward / forward 8.35 that way; alone 2.1-3.3).
+    auto window = [&](auto&& one) {
+      run(one(), nullptr, &r.rate.status);
+      std::vector<double> times;
+      double sum = 0;
+      while (r.rate.status.ok() && times.size() < kMaxRateRuns &&
+             (times.size() < 2 || sum < kRateWindowS)) {
+        run(one(), &times, &r.rate.status);
+        if (!times.empty()) sum = std::accumulate(times.begin(), times.end(), 0.0);
+      }
+      return times.empty() ? 0.0 : sum / static_cast<double>(times.size());
+    };
+    r.rate.fwd_s = window([&] { return rate.Forward(); });
+    r.rate.bwd_s = window([&] { return rate.Backward(); });
     if (!r.rate.status.ok()) return r;
-    r.rate.fwd_s = MedianOf(fwd);
-    r.rate.bwd_s = MedianOf(bwd);
   }
   const int64_t rows = std::min<int64_t>(n, std::max<int64_t>(64, n / 8));
   ItemRun separate(backend, dtype, head_dim, 1, kInterleavedHeads, n, rows);

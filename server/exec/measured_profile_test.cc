@@ -1,6 +1,7 @@
 #include "server/exec/measured_profile.h"
 
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -18,6 +19,16 @@ TEST(RoundToThreeDigits, KeepsThreeSignificantDigits) {
   EXPECT_DOUBLE_EQ(RoundToThreeDigits(2.2749e-5), 2.27e-5);
   EXPECT_DOUBLE_EQ(RoundToThreeDigits(0.0), 0.0);
   EXPECT_DOUBLE_EQ(RoundToThreeDigits(999.6), 1000.0);
+  // Exactly the double a profile string's "0.953" parses to, so the string
+  // prints three digits (round(x / 1e-3) * 1e-3 gave 0.9530000000000001).
+  EXPECT_EQ(RoundToThreeDigits(0.95301), 0.953);
+  plan::HardwareProfile p = plan::GetHardwareProfile("h100");
+  p.kv_interleave_factor = RoundToThreeDigits(0.95301);
+  p.attention_flops = RoundToThreeDigits(3.6049e10);
+  const std::string s = plan::CustomProfileString(p);
+  EXPECT_NE(s.find("kv_interleave_factor=0.953"), std::string::npos) << s;
+  EXPECT_EQ(s.find("0.9530"), std::string::npos) << s;
+  EXPECT_NE(s.find("flops=3.6e+10,"), std::string::npos) << s;
 }
 
 TEST(MeasuredProfiles, MeasuresOncePerDtypeAndHeadDimAndCaches) {

@@ -292,8 +292,11 @@ bool IsKnownProfile(absl::string_view name) { return ParseHardwareProfile(name).
 
 double RoundToThreeDigits(double x) {
   if (!(x > 0) || !std::isfinite(x)) return x;
-  const double scale = std::pow(10.0, std::floor(std::log10(x)) - 2);
-  return std::round(x / scale) * scale;
+  // The double nearest the three-digit decimal (printed and read back):
+  // round(x / scale) * scale gave 0.9530000000000001, which profile strings
+  // then printed in full.
+  double out = x;
+  return absl::SimpleAtod(absl::StrFormat("%.3g", x), &out) ? out : x;
 }
 
 HardwareProfile GetHardwareProfile(absl::string_view name) {
