@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -182,13 +181,14 @@ SlotRuns TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64_
     // to itself (cluster_bench's two daemons measuring at once read
     // backward / forward 8.35 that way; alone 2.1-3.3).
     auto window = [&](auto&& one) {
+      if (!r.rate.status.ok()) return 0.0;
       run(one(), nullptr, &r.rate.status);
       std::vector<double> times;
       double sum = 0;
       while (r.rate.status.ok() && times.size() < kMaxRateRuns &&
              (times.size() < 2 || sum < kRateWindowS)) {
         run(one(), &times, &r.rate.status);
-        if (!times.empty()) sum = std::accumulate(times.begin(), times.end(), 0.0);
+        if (r.rate.status.ok()) sum += times.back();
       }
       return times.empty() ? 0.0 : sum / static_cast<double>(times.size());
     };
