@@ -156,7 +156,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   auto region_limits = ResolveRegionLimits(options);
   if (!region_limits.ok()) return region_limits.status();
   d->state_ = std::make_unique<DaemonState>(threads, runner, devices, *region_limits,
-                                            plan_threads, budget);
+                                            plan_threads, budget, options.emulate_flops_per_s);
   d->WireLimits(*region_limits);
   if (options.metrics_port > 0) {
     metrics::ExposerOptions m;

@@ -41,6 +41,9 @@ struct DaemonOptions {
   // CPU device slots ("--devices=cpu:N") and kernel threads (0 = one per core).
   int cpu_devices = 1;
   int cpu_threads = 0;
+  // Emulation only (bench/emulated_cluster): > 0 holds each slot's
+  // attention kernels to this rate (exec/paced_backend.h).
+  double emulate_flops_per_s = 0;
   // Threads compiling one plan (PlanCacheOptions::compile_threads; used
   // from 64 ranks); 0 = one per core, at most 8.
   int plan_compile_threads = 0;

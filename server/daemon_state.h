@@ -30,13 +30,15 @@ struct DaemonState {
   DaemonState(int cpu_threads, const CallRunnerOptions& runner_options,
               const std::vector<std::string>& devices, shm::RegionLimits region_limits = {},
               int plan_compile_threads = 1,
-              int64_t memory_budget_bytes = exec::DefaultMemoryBudgetBytes())
+              int64_t memory_budget_bytes = exec::DefaultMemoryBudgetBytes(),
+              double paced_flops_per_s = 0)
       : metrics(&metrics_registry, metrics::HsapMetricsOptions{devices}),
         regions(region_limits),
         sessions(&regions),
         memory(memory_budget_bytes),
         slots(exec::DeviceSlots::Cpu(static_cast<int>(devices.size()),
-                                     cpu_threads / std::max<int>(1, devices.size()), &memory)),
+                                     cpu_threads / std::max<int>(1, devices.size()), &memory,
+                                     paced_flops_per_s)),
         measured(slots.get()),
         plans(plan::PlanCacheOptions{.compile_threads = plan_compile_threads}),
         matcher(CallResources(runner_options)),

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ ABSL_FLAG(int, metrics_port, 0, "HTTP port serving Prometheus /metrics; 0 = off"
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address of the /metrics endpoint");
 ABSL_FLAG(std::string, devices, "cpu:1", "device slots of this node: cpu:N");
 ABSL_FLAG(int, cpu_threads, 0, "threads for the CPU kernels; 0 = one per core");
+ABSL_FLAG(double, emulate_flops_per_s, 0,
+          "emulated clusters only: hold each device slot's attention kernels to this many "
+          "FLOP/s of the cost model's count (backward at 2.5x), so ranks sharing cores "
+          "compute as separate devices would; 0 = off");
 ABSL_FLAG(int, plan_compile_threads, 0,
           "threads compiling one plan (used from 64 ranks; the plan does not depend on it); "
           "0 = one per core, at most 8");
@@ -134,6 +139,7 @@ int main(int argc, char** argv) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.emulate_flops_per_s = absl::GetFlag(FLAGS_emulate_flops_per_s);
   options.plan_compile_threads = absl::GetFlag(FLAGS_plan_compile_threads);
   options.call_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_call_deadline_ms));
   options.profile = absl::GetFlag(FLAGS_profile);
@@ -169,6 +175,11 @@ int main(int argc, char** argv) {
   if (!ParseDevices(absl::GetFlag(FLAGS_devices), &options.cpu_devices)) {
     HSAP_LOG(ERROR) << "--devices=" << absl::GetFlag(FLAGS_devices)
                     << " is not of the form cpu:N (GPU slots need a CUDA build)";
+    return 2;
+  }
+  if (!(options.emulate_flops_per_s >= 0) || !std::isfinite(options.emulate_flops_per_s)) {
+    HSAP_LOG(ERROR) << "--emulate_flops_per_s=" << options.emulate_flops_per_s
+                    << " must be a finite number >= 0";
     return 2;
   }
   const std::string dir = options.socket_path.substr(0, options.socket_path.rfind('/'));

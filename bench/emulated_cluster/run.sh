@@ -4,19 +4,20 @@
 #   bash bench/emulated_cluster/run.sh --nodes=8 --slots=2 --tokens=262144
 #
 # As root: N network namespaces ("nodes") joined by veth links to a bridge
-# that lives in a namespace of its own, every link shaped with tc tbf in
-# both directions; one hsapd per node namespace (D CPU device slots, gRPC
-# and UCX over TCP on the node's address); the bench's clients in the root
-# namespace, over the daemons' Unix sockets. Steps:
+# that lives in a namespace of its own, every link shaped with tc (htb,
+# fair per peer node, or tbf) in both directions; one hsapd per node
+# namespace (D CPU device slots, gRPC and UCX over TCP on the node's
+# address); the bench's clients in the root namespace, over the daemons'
+# Unix sockets. Steps:
 #   1. namespaces, bridge, links (unshaped), daemons; wait for the cluster;
 #   2. calibrate: sap and hsap on the bench's first pack, links unshaped
 #      -> the effective FLOP/s of one rank with every rank of the machine
-#      busy (the plans' work over the measured time);
+#      busy (the plans' work over the measured time); the pace (--pace
+#      times that) is the rate every rank's kernels are then held to;
 #   3. link rate = that FLOP/s over the target profile's FLOP per
-#      inter-node byte, times D per node link; tc tbf on both ends;
+#      inter-node byte, times D per node link; shaped on both ends;
 #   4. probe the shaped link (goodput, round trip) -> the emulation's cost
-#      profile (custom:...), daemons restarted with it when hsapd has a
-#      --profile flag;
+#      profile (custom:...), daemons restarted with it and the pace;
 #   5. measure every strategy side by side (emu_bench --phase=measure).
 # Everything it creates (namespaces with their links, daemons, its temp
 # folder) is removed on exit, on failure and on ctrl-C. Addresses
@@ -27,7 +28,7 @@ cd "$(dirname "$0")/../.."
 NODES=4 SLOTS=2 TOKENS=262144 PACKS=2 REPS=3 HEADS=8 KV_HEADS=2 HEAD_DIM=32
 PROFILE=h100 STRATEGIES=ring,allgather,ulysses,usp,sap,hsap,auto
 TIME_LIMIT_S=3600 CPU_THREADS=1 INTRA_BYTES_PER_S=2e9 INTRA_LATENCY_US=20
-QUEUE_MS=50 HEADER_OVERHEAD=0.99 BUILD=1 CALIBRATE_REPS=3 FLOPS_PER_RANK=
+QUEUE_MS=50 HEADER_OVERHEAD=0.99 BUILD=1 CALIBRATE_REPS=3 FLOPS_PER_RANK= SHAPING=fair PACE=0.8
 usage() {
   cat <<EOF
 usage: bash bench/emulated_cluster/run.sh [--key=value ...]   (as root)
@@ -39,8 +40,13 @@ usage: bash bench/emulated_cluster/run.sh [--key=value ...]   (as root)
   --time_limit_s=$TIME_LIMIT_S         no new run starts after this (the bench's own bound)
   --cpu_threads=$CPU_THREADS             hsapd --cpu_threads of every daemon
   --intra_bytes_per_s=$INTRA_BYTES_PER_S --intra_latency_us=$INTRA_LATENCY_US  model's intra-node tier (not calibrated)
-  --queue_ms=$QUEUE_MS                  tbf queue (latency parameter) of every link end
+  --queue_ms=$QUEUE_MS                  queue of every link end, in ms at the link rate
+  --shaping=$SHAPING                  fair: htb, one queue per peer node and one for small
+                                     packets (ACKs, handshakes) ahead of data; tbf: one FIFO
   --flops_per_rank=X                 skip the calibration and use X
+  --pace=$PACE                        hold every rank's kernels to this share of the calibrated
+                                     rate (hsapd --emulate_flops_per_s), so that ranks sharing
+                                     the cores compute as separate devices; 0: not held
   --calibrate_reps=$CALIBRATE_REPS              calibration runs per strategy (sap, hsap; median)
   --no_build                         use the binaries already in bazel-bin
 EOF
@@ -62,6 +68,8 @@ for arg in "$@"; do
     --intra_bytes_per_s=*) INTRA_BYTES_PER_S=${arg#*=} ;;
     --intra_latency_us=*) INTRA_LATENCY_US=${arg#*=} ;;
     --queue_ms=*) QUEUE_MS=${arg#*=} ;;
+    --shaping=*) SHAPING=${arg#*=} ;;
+    --pace=*) PACE=${arg#*=} ;;
     --flops_per_rank=*) FLOPS_PER_RANK=${arg#*=} ;;
     --calibrate_reps=*) CALIBRATE_REPS=${arg#*=} ;;
     --no_build) BUILD=0 ;;
@@ -72,6 +80,8 @@ done
 for v in NODES SLOTS TOKENS PACKS REPS HEADS KV_HEADS HEAD_DIM TIME_LIMIT_S CPU_THREADS QUEUE_MS CALIBRATE_REPS; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --${v,,}=${!v} is not a positive integer" >&2; exit 2; }
 done
+[[ "$PACE" =~ ^(0|0?\.[0-9]+|1|1\.0*)$ ]] || { echo "run.sh: --pace=$PACE must be in [0, 1]" >&2; exit 2; }
+[[ "$SHAPING" =~ ^(fair|tbf)$ ]] || { echo "run.sh: --shaping=$SHAPING must be fair or tbf" >&2; exit 2; }
 (( NODES >= 2 && NODES <= 200 )) || { echo "run.sh: --nodes=$NODES must be in [2, 200]" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "run.sh: needs root (network namespaces, tc)" >&2; exit 1; }
 for tool in ip tc /usr/bin/python3; do
@@ -137,7 +147,7 @@ PROFILE_FLAG_SUPPORTED=0
 HSAPD_HELP=$("$HSAPD" --helpfull 2>&1 || true)
 if grep -qE -- '-profile[ =(]' <<<"$HSAPD_HELP"; then PROFILE_FLAG_SUPPORTED=1; fi
 
-start_daemons() {  # $1: extra flag (or empty)
+start_daemons() {  # "$@": extra flags
   DAEMONS=()
   for ((i = 0; i < NODES; i++)); do
     # UCX only on the node's link (not lo, whose 127.0.0.1 is every
@@ -145,7 +155,7 @@ start_daemons() {  # $1: extra flag (or empty)
     ip netns exec "$TAG-n$i" env UCX_NET_DEVICES=eth0 "$HSAPD" --socket="$WORK/node$i.sock" \
       --devices=cpu:"$SLOTS" --cpu_threads="$CPU_THREADS" --host="$(addr "$i")" --port=7001 \
       --peers="$PEERS" --node_rank="$i" --ucx_transports=tcp,self \
-      --heartbeat_ms=1000 --peer_down_ms=60000 --call_deadline_ms=1200000 ${1:+"$1"} \
+      --heartbeat_ms=1000 --peer_down_ms=60000 --call_deadline_ms=1200000 "$@" \
       >>"$WORK/node$i.log" 2>&1 &
     DAEMONS+=("$!")
   done
@@ -156,7 +166,7 @@ stop_daemons() {
   for pid in "${DAEMONS[@]}"; do wait "$pid" 2>/dev/null || true; done
   DAEMONS=()
 }
-start_daemons ""
+start_daemons
 
 COMMON=(--sockets="$SOCKETS" --devices="$SLOTS" --tokens="$TOKENS" --heads="$HEADS"
         --kv_heads="$KV_HEADS" --head_dim="$HEAD_DIM")
@@ -169,6 +179,14 @@ else
   echo "== calibration skipped: --flops_per_rank=$FLOPS_PER_RANK"
 fi
 
+PACE_FLAGS=()
+if [ "$PACE" != 0 ]; then
+  CALIBRATED=$FLOPS_PER_RANK
+  FLOPS_PER_RANK=$(/usr/bin/python3 -c "print('%.4g' % ($CALIBRATED * $PACE))")
+  PACE_FLAGS=(--emulate_flops_per_s="$FLOPS_PER_RANK")
+  echo "pace: every rank's kernels held to $PACE x $CALIBRATED = $FLOPS_PER_RANK FLOP/s (hsapd ${PACE_FLAGS[0]})"
+fi
+
 echo "== link rate"
 "$BENCH" --phase=link_rate --flops_per_rank="$FLOPS_PER_RANK" --target_profile="$PROFILE" \
   | tee "$WORK/rate.txt"
@@ -178,10 +196,41 @@ RANK_BPS=$(sed -n 's/^inter_bytes_per_s=//p' "$WORK/rate.txt")
 # share; 0.99 measured by the probe with segmentation offload on veth).
 NODE_BITS=$(/usr/bin/python3 -c "print(int(round($RANK_BPS * $SLOTS * 8 / $HEADER_OVERHEAD)))")
 BURST=$(/usr/bin/python3 -c "print(max(65536, int($NODE_BITS / 8 * 0.01)))")
-echo "per rank $RANK_BPS B/s x $SLOTS slots / $HEADER_OVERHEAD payload share -> tbf rate $NODE_BITS bit/s per node link, each direction (burst $BURST B, queue ${QUEUE_MS} ms)"
+echo "per rank $RANK_BPS B/s x $SLOTS slots / $HEADER_OVERHEAD payload share -> $SHAPING rate $NODE_BITS bit/s per node link, each direction (burst $BURST B, queue ${QUEUE_MS} ms)"
+QUEUE_BYTES=$(/usr/bin/python3 -c "print(max(2 * $BURST, int($NODE_BITS / 8 * $QUEUE_MS / 1000)))")
+# fair: an InfiniBand-like link neither drops under incast nor holds a
+# flow's handshake behind another's bulk data. htb at the link rate with a
+# class per peer node (its guaranteed share rate/N, borrowing up to the
+# link) and a first-priority class for packets under 128 bytes (TCP ACKs,
+# UCX's rendezvous handshakes); each class its own byte FIFO. $1: the
+# namespace, $2: the device, $3: "dst" (node side) or "src" (switch side),
+# $4: the node the link belongs to.
+shape_fair() {
+  local ns=$1 dev=$2 dir=$3 self=$4 share
+  share=$(( NODE_BITS / NODES ))
+  ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: htb default 2
+  ip netns exec "$ns" tc class add dev "$dev" parent 1: classid 1:1 htb rate "${NODE_BITS}bit" burst "$BURST" cburst "$BURST"
+  ip netns exec "$ns" tc class add dev "$dev" parent 1:1 classid 1:2 htb rate "${share}bit" ceil "${NODE_BITS}bit" \
+    burst "$BURST" cburst "$BURST" prio 0
+  ip netns exec "$ns" tc qdisc add dev "$dev" parent 1:2 bfifo limit "$QUEUE_BYTES"
+  ip netns exec "$ns" tc filter add dev "$dev" parent 1: protocol ip prio 1 u32 match u16 0 0xff80 at 2 flowid 1:2
+  for ((j = 0; j < NODES; j++)); do
+    (( j == self )) && continue
+    ip netns exec "$ns" tc class add dev "$dev" parent 1:1 classid "1:$((100 + j))" htb rate "${share}bit" \
+      ceil "${NODE_BITS}bit" burst "$BURST" cburst "$BURST" prio 1
+    ip netns exec "$ns" tc qdisc add dev "$dev" parent "1:$((100 + j))" bfifo limit "$QUEUE_BYTES"
+    ip netns exec "$ns" tc filter add dev "$dev" parent 1: protocol ip prio 2 u32 match ip "$dir" "$(addr "$j")/32" \
+      flowid "1:$((100 + j))"
+  done
+}
 for ((i = 0; i < NODES; i++)); do
-  ip netns exec "$TAG-n$i" tc qdisc add dev eth0 root tbf rate "${NODE_BITS}bit" burst "$BURST" latency "${QUEUE_MS}ms"
-  ip netns exec "$SW" tc qdisc add dev "p$i" root tbf rate "${NODE_BITS}bit" burst "$BURST" latency "${QUEUE_MS}ms"
+  if [ "$SHAPING" = fair ]; then
+    shape_fair "$TAG-n$i" eth0 dst "$i"
+    shape_fair "$SW" "p$i" src "$i"
+  else
+    ip netns exec "$TAG-n$i" tc qdisc add dev eth0 root tbf rate "${NODE_BITS}bit" burst "$BURST" latency "${QUEUE_MS}ms"
+    ip netns exec "$SW" tc qdisc add dev "p$i" root tbf rate "${NODE_BITS}bit" burst "$BURST" latency "${QUEUE_MS}ms"
+  fi
 done
 
 echo "== probe (node 1 -> node 0, one TCP flow, ~3 s)"
@@ -206,7 +255,7 @@ AUTO_BY=bench
 if [ "$PROFILE_FLAG_SUPPORTED" = 1 ]; then
   echo "== restarting the daemons with --profile=<the model profile>"
   stop_daemons
-  start_daemons "--profile=$MODEL_PROFILE"
+  start_daemons "--profile=$MODEL_PROFILE" "${PACE_FLAGS[@]}"
   AUTO_BY=daemon
 else
   echo "note: this hsapd has no --profile flag; auto is resolved by the bench under the model profile"

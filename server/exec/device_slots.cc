@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/exec/cpu_backend.h"
+#include "server/exec/paced_backend.h"
 
 namespace hsap::exec {
 
@@ -13,11 +14,17 @@ DeviceSlots::DeviceSlots(std::vector<std::unique_ptr<ComputeBackend>> backends,
       busy_seconds_(backends_.size(), 0.0) {}
 
 std::unique_ptr<DeviceSlots> DeviceSlots::Cpu(int slots, int threads_per_slot,
-                                              MemoryBudget* budget) {
+                                              MemoryBudget* budget,
+                                              double paced_flops_per_s) {
   std::vector<std::unique_ptr<ComputeBackend>> backends;
   std::vector<std::string> names;
   for (int i = 0; i < std::max(1, slots); ++i) {
-    backends.push_back(std::make_unique<CpuBackend>(std::max(1, threads_per_slot), budget));
+    std::unique_ptr<ComputeBackend> cpu =
+        std::make_unique<CpuBackend>(std::max(1, threads_per_slot), budget);
+    if (paced_flops_per_s > 0) {
+      cpu = std::make_unique<PacedBackend>(std::move(cpu), paced_flops_per_s);
+    }
+    backends.push_back(std::move(cpu));
     names.push_back(absl::StrCat("cpu:", i));
   }
   return std::make_unique<DeviceSlots>(std::move(backends), std::move(names));

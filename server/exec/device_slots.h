@@ -31,8 +31,11 @@ class DeviceSlots {
               std::vector<std::string> names);
   // `slots` CPU slots, each with a pool of `threads_per_slot` threads, all
   // reserving call memory from `budget` (may be null; must outlive them).
+  // paced_flops_per_s > 0: each slot's attention kernels are held to that
+  // rate (paced_backend.h; the emulated cluster's compute cap).
   static std::unique_ptr<DeviceSlots> Cpu(int slots, int threads_per_slot,
-                                          MemoryBudget* budget = nullptr);
+                                          MemoryBudget* budget = nullptr,
+                                          double paced_flops_per_s = 0);
 
   int size() const { return static_cast<int>(backends_.size()); }
   const std::vector<std::string>& names() const { return names_; }
