@@ -28,7 +28,7 @@ cd "$(dirname "$0")/../.."
 NODES=4 SLOTS=2 TOKENS=262144 PACKS=2 REPS=3 HEADS=8 KV_HEADS=2 HEAD_DIM=32
 PROFILE=h100 STRATEGIES=ring,allgather,ulysses,usp,sap,hsap,auto
 TIME_LIMIT_S=3600 CPU_THREADS=1 INTRA_BYTES_PER_S=2e9 INTRA_LATENCY_US=20
-QUEUE_MS=50 HEADER_OVERHEAD=0.99 BUILD=1 CALIBRATE_REPS=3 FLOPS_PER_RANK= SHAPING=fair PACE=0.8
+QUEUE_MS=50 HEADER_OVERHEAD= BUILD=1 CALIBRATE_REPS=3 FLOPS_PER_RANK= SHAPING=fair PACE=0.8 SLOW_START_AFTER_IDLE=0 OFFLOAD=0
 usage() {
   cat <<EOF
 usage: bash bench/emulated_cluster/run.sh [--key=value ...]   (as root)
@@ -44,6 +44,9 @@ usage: bash bench/emulated_cluster/run.sh [--key=value ...]   (as root)
   --shaping=$SHAPING                  fair: htb, one queue per peer node and one for small
                                      packets (ACKs, handshakes) ahead of data; tbf: one FIFO
   --flops_per_rank=X                 skip the calibration and use X
+  --offload=$OFFLOAD                      1: the veths hand the qdiscs 64 KiB segmentation-offload
+                                     packets; 0: one MTU segment each (gso_max_segs 1)
+  --slow_start_after_idle=$SLOW_START_AFTER_IDLE          the nodes' net.ipv4.tcp_slow_start_after_idle (1: Linux's default)
   --pace=$PACE                        hold every rank's kernels to this share of the calibrated
                                      rate (hsapd --emulate_flops_per_s), so that ranks sharing
                                      the cores compute as separate devices; 0: not held
@@ -70,6 +73,8 @@ for arg in "$@"; do
     --queue_ms=*) QUEUE_MS=${arg#*=} ;;
     --shaping=*) SHAPING=${arg#*=} ;;
     --pace=*) PACE=${arg#*=} ;;
+    --offload=*) OFFLOAD=${arg#*=} ;;
+    --slow_start_after_idle=*) SLOW_START_AFTER_IDLE=${arg#*=} ;;
     --flops_per_rank=*) FLOPS_PER_RANK=${arg#*=} ;;
     --calibrate_reps=*) CALIBRATE_REPS=${arg#*=} ;;
     --no_build) BUILD=0 ;;
@@ -81,6 +86,11 @@ for v in NODES SLOTS TOKENS PACKS REPS HEADS KV_HEADS HEAD_DIM TIME_LIMIT_S CPU_
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --${v,,}=${!v} is not a positive integer" >&2; exit 2; }
 done
 [[ "$PACE" =~ ^(0|0?\.[0-9]+|1|1\.0*)$ ]] || { echo "run.sh: --pace=$PACE must be in [0, 1]" >&2; exit 2; }
+[[ "$OFFLOAD" =~ ^[01]$ ]] || { echo "run.sh: --offload must be 0 or 1" >&2; exit 2; }
+# The payload share of what the qdisc counts: 0.99 measured by the probe
+# with 64 KiB offload packets; 1448 of 1500 bytes per MTU segment without.
+[ -n "$HEADER_OVERHEAD" ] || HEADER_OVERHEAD=$([ "$OFFLOAD" = 1 ] && echo 0.99 || echo 0.965)
+[[ "$SLOW_START_AFTER_IDLE" =~ ^[01]$ ]] || { echo "run.sh: --slow_start_after_idle must be 0 or 1" >&2; exit 2; }
 [[ "$SHAPING" =~ ^(fair|tbf)$ ]] || { echo "run.sh: --shaping=$SHAPING must be fair or tbf" >&2; exit 2; }
 (( NODES >= 2 && NODES <= 200 )) || { echo "run.sh: --nodes=$NODES must be in [2, 200]" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "run.sh: needs root (network namespaces, tc)" >&2; exit 1; }
@@ -135,6 +145,9 @@ for ((i = 0; i < NODES; i++)); do
   ip -n "$ns" addr add "$(addr "$i")/24" dev eth0
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
+  # A stage's flows start after the compute between them: no return to
+  # slow start after idle (RDMA links do not ramp up again). Per namespace.
+  ip netns exec "$ns" sysctl -qw net.ipv4.tcp_slow_start_after_idle="$SLOW_START_AFTER_IDLE"
 done
 echo "emulated cluster: $NODES node namespaces ($TAG-n*) on bridge br0 in $SW, $SLOTS slots each"
 
@@ -193,7 +206,7 @@ echo "== link rate"
 RANK_BPS=$(sed -n 's/^inter_bytes_per_s=//p' "$WORK/rate.txt")
 # One link per node carries its D ranks' traffic; tbf counts IP packets,
 # so the rate covers the TCP/IP headers too (HEADER_OVERHEAD: the payload
-# share; 0.99 measured by the probe with segmentation offload on veth).
+# share, set above).
 NODE_BITS=$(/usr/bin/python3 -c "print(int(round($RANK_BPS * $SLOTS * 8 / $HEADER_OVERHEAD)))")
 BURST=$(/usr/bin/python3 -c "print(max(65536, int($NODE_BITS / 8 * 0.01)))")
 echo "per rank $RANK_BPS B/s x $SLOTS slots / $HEADER_OVERHEAD payload share -> $SHAPING rate $NODE_BITS bit/s per node link, each direction (burst $BURST B, queue ${QUEUE_MS} ms)"
@@ -224,6 +237,14 @@ shape_fair() {
   done
 }
 for ((i = 0; i < NODES; i++)); do
+  # Without offload a link's qdiscs see MTU segments: a drop loses one, not
+  # 44, and the small-packet class is not stuck behind a 64 KiB packet
+  # (50 ms of a 10 Mbit/s link). Set with the shaping, so the calibration
+  # (links unshaped) is not slowed by it.
+  if [ "$OFFLOAD" = 0 ]; then
+    ip -n "$SW" link set "p$i" gso_max_segs 1
+    ip -n "$TAG-n$i" link set eth0 gso_max_segs 1
+  fi
   if [ "$SHAPING" = fair ]; then
     shape_fair "$TAG-n$i" eth0 dst "$i"
     shape_fair "$SW" "p$i" src "$i"

@@ -224,7 +224,13 @@ absl::Status CallRunner::Run(const AttentionCall& call, CallOutcome* outcome) {
       // and hold this call behind them).
       profile = std::string(plan::kOneRankProfile);
     } else {
-      auto local = options.measured->LocalProfile(call.shape.dtype, call.shape.head_dim);
+      // The call's deadline and cancellation reach the measurement.
+      exec::StopCheck stop;
+      stop.deadline = absl::Now() + (call.deadline_ms > 0 ? absl::Milliseconds(call.deadline_ms)
+                                                          : options.default_deadline);
+      stop.cancelled = call.cancelled;
+      auto local =
+          options.measured->LocalProfile(call.shape.dtype, call.shape.head_dim, &stop);
       if (!local.ok()) return local.status();
       profile = *std::move(local);
     }

@@ -20,8 +20,8 @@ using plan::RoundToThreeDigits;
 
 // Tokens of the measurement's one head: about 32 MFLOP per forward
 // (2 * D * n^2), under a millisecond on a core. The measurement runs on a
-// call's path and cannot be cut short by its deadline, so it stays small:
-// a 256 MFLOP version (8x the work) held first calls 13-25 s under
+// call's path, so it stays small (its deadline ends it, but then the call
+// fails): a 256 MFLOP version (8x the work) held first calls 13-25 s under
 // AddressSanitizer, past their deadlines.
 int64_t MeasureTokens(int32_t head_dim) {
   const double n = std::sqrt(16e6 / std::max(1, head_dim));
@@ -40,8 +40,8 @@ struct SlotTimes {
 class ItemRun {
  public:
   ItemRun(ComputeBackend* backend, DType dtype, int32_t head_dim, int heads, int items, int64_t n,
-          int64_t num_q)
-      : backend_(backend) {
+          int64_t num_q, const StopCheck* stop)
+      : backend_(backend), stop_(stop) {
     const int64_t item_elems = n * heads * head_dim, item_lse = n * heads;
     const int64_t elems = item_elems * items;
     lse_elems_ = item_lse * items;
@@ -110,14 +110,14 @@ class ItemRun {
     HSAP_RETURN_IF_ERROR(
         backend_->Fill(lse_, lse_elems_, -std::numeric_limits<float>::infinity()));
     const absl::Time t0 = absl::Now();
-    HSAP_RETURN_IF_ERROR(backend_->Forward(shape_, fwd_));
+    HSAP_RETURN_IF_ERROR(backend_->Forward(shape_, fwd_, stop_));
     HSAP_RETURN_IF_ERROR(backend_->Synchronize());
     return absl::ToDoubleSeconds(absl::Now() - t0);
   }
   absl::StatusOr<double> Backward() {
     HSAP_RETURN_IF_ERROR(status_);
     const absl::Time t0 = absl::Now();
-    HSAP_RETURN_IF_ERROR(backend_->Backward(shape_, bwd_));
+    HSAP_RETURN_IF_ERROR(backend_->Backward(shape_, bwd_, stop_));
     HSAP_RETURN_IF_ERROR(backend_->Synchronize());
     return absl::ToDoubleSeconds(absl::Now() - t0);
   }
@@ -135,6 +135,7 @@ class ItemRun {
   }
 
   ComputeBackend* const backend_;
+  const StopCheck* const stop_;  // may be null
   absl::Status status_;
   std::vector<BackendBuffer> bufs_;
   kernels::AttentionShape shape_;
@@ -163,7 +164,8 @@ struct SlotRuns {
   double interleave_ratio = 1;  // rate interleaved / rate separate
 };
 
-SlotRuns TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64_t n) {
+SlotRuns TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64_t n,
+                  const StopCheck* stop) {
   SlotRuns r;
   auto run = [](const absl::StatusOr<double>& t, std::vector<double>* times, absl::Status* st) {
     if (!t.ok()) {
@@ -173,7 +175,7 @@ SlotRuns TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64_
     }
   };
   {
-    ItemRun rate(backend, dtype, head_dim, 1, 1, n, n);
+    ItemRun rate(backend, dtype, head_dim, 1, 1, n, n, stop);
     // One warm-up, then runs until kRateWindowS have passed (at least 2, at
     // most kMaxRateRuns), the mean: a window longer than the scheduler's
     // slices, so slots sharing cores read the share they get, where the
@@ -197,8 +199,8 @@ SlotRuns TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64_
     if (!r.rate.status.ok()) return r;
   }
   const int64_t rows = std::min<int64_t>(n, std::max<int64_t>(64, n / 8));
-  ItemRun separate(backend, dtype, head_dim, 1, kInterleavedHeads, n, rows);
-  ItemRun interleaved(backend, dtype, head_dim, kInterleavedHeads, 1, n, rows);
+  ItemRun separate(backend, dtype, head_dim, 1, kInterleavedHeads, n, rows, stop);
+  ItemRun interleaved(backend, dtype, head_dim, kInterleavedHeads, 1, n, rows, stop);
   std::vector<double> a, b;
   absl::Status& st = r.interleave_status;
   for (int i = 0; i < kInterleaveRounds && st.ok(); ++i) {
@@ -227,7 +229,8 @@ plan::HardwareProfile MeasuredHardwareProfile(const ComputeRate& rate, const Int
   return p;
 }
 
-absl::StatusOr<ComputeRate> MeasuredProfiles::Compute(DType dtype, int32_t head_dim) {
+absl::StatusOr<ComputeRate> MeasuredProfiles::Compute(DType dtype, int32_t head_dim,
+                                                      const StopCheck* stop) {
   const std::pair<int, int32_t> key{static_cast<int>(dtype), head_dim};
   auto nearest = [&]() -> const ComputeRate* {
     mu_.AssertHeld();
@@ -246,20 +249,33 @@ absl::StatusOr<ComputeRate> MeasuredProfiles::Compute(DType dtype, int32_t head_
   };
   {
     absl::MutexLock lock(&mu_);
-    if (const ComputeRate* r = nearest()) return *r;
+    // Another caller's measurement: wait for it in slices, so that this
+    // caller's deadline or cancellation ends the wait.
+    const absl::Condition idle(
+        +[](bool* computing) { return !*computing; }, &computing_);
+    while (true) {
+      if (const ComputeRate* r = nearest()) return *r;  // measured while we waited
+      if (!computing_) break;
+      if (stop != nullptr) {
+        if (absl::Status s = stop->Check(); !s.ok()) return s;
+      }
+      mu_.AwaitWithTimeout(idle, absl::Milliseconds(10));
+    }
+    computing_ = true;
   }
-  absl::MutexLock measuring(&measure_mu_);
+  absl::StatusOr<ComputeRate> rate;
   {
-    absl::MutexLock lock(&mu_);
-    if (const ComputeRate* r = nearest()) return *r;  // measured while we waited
+    absl::MutexLock measuring(&measure_mu_);  // Intra() is short
+    rate = Measure(dtype, head_dim, stop);
   }
-  HSAP_ASSIGN_OR_RETURN(ComputeRate rate, Measure(dtype, head_dim));
   absl::MutexLock lock(&mu_);
-  rates_[key] = rate;
+  computing_ = false;
+  if (rate.ok()) rates_[key] = *rate;  // not kept when it failed or was stopped
   return rate;
 }
 
-absl::StatusOr<ComputeRate> MeasuredProfiles::Measure(DType dtype, int32_t head_dim) {
+absl::StatusOr<ComputeRate> MeasuredProfiles::Measure(DType dtype, int32_t head_dim,
+                                                      const StopCheck* stop) {
   const int64_t n = MeasureTokens(head_dim);
   const int slots = slots_->size();
   std::vector<SlotRuns> times(slots);
@@ -271,7 +287,7 @@ absl::StatusOr<ComputeRate> MeasuredProfiles::Measure(DType dtype, int32_t head_
     for (int s = 0; s < slots; ++s) {
       threads.emplace_back([&, s] {
         go.WaitForNotification();
-        times[s] = TimeSlot(leases[s].backend(), dtype, head_dim, n);
+        times[s] = TimeSlot(leases[s].backend(), dtype, head_dim, n, stop);
       });
     }
     go.Notify();
@@ -360,8 +376,9 @@ IntraTier MeasuredProfiles::Intra() {
   return t;
 }
 
-absl::StatusOr<std::string> MeasuredProfiles::LocalProfile(DType dtype, int32_t head_dim) {
-  HSAP_ASSIGN_OR_RETURN(ComputeRate rate, Compute(dtype, head_dim));
+absl::StatusOr<std::string> MeasuredProfiles::LocalProfile(DType dtype, int32_t head_dim,
+                                                           const StopCheck* stop) {
+  HSAP_ASSIGN_OR_RETURN(ComputeRate rate, Compute(dtype, head_dim, stop));
   const IntraTier intra = Intra();
   return plan::CustomProfileString(
       MeasuredHardwareProfile(rate, intra, intra.bytes_per_s, intra.latency_s));

@@ -30,7 +30,10 @@
 // of 200 round trips, halved).
 //
 // Thread-safe. One measurement runs at a time; callers of the same key
-// wait for it.
+// wait for it. A caller's StopCheck (its call's deadline and cancellation)
+// reaches the measurement's kernels and the wait for another caller's
+// measurement: a measurement it ends is not kept (the next caller measures
+// again).
 #ifndef HSAP_SERVER_EXEC_MEASURED_PROFILE_H_
 #define HSAP_SERVER_EXEC_MEASURED_PROFILE_H_
 
@@ -79,13 +82,17 @@ class MeasuredProfiles {
 
   // The compute rate for plans of `dtype` and `head_dim` (measured now if
   // it has not been; REQUIRES 1 <= head_dim <= 4096). Errors of the
-  // backends (RESOURCE_EXHAUSTED when the memory budget has no room).
-  absl::StatusOr<ComputeRate> Compute(DType dtype, int32_t head_dim);
+  // backends (RESOURCE_EXHAUSTED when the memory budget has no room);
+  // `stop`'s (DEADLINE_EXCEEDED, CANCELLED) when it fires first (may be
+  // null: no bound).
+  absl::StatusOr<ComputeRate> Compute(DType dtype, int32_t head_dim,
+                                      const StopCheck* stop = nullptr);
   // The intra-node tier (measured now if it has not been).
   IntraTier Intra();
   // The parametric profile ("custom:...") of a plan that lives on this
   // node only.
-  absl::StatusOr<std::string> LocalProfile(DType dtype, int32_t head_dim);
+  absl::StatusOr<std::string> LocalProfile(DType dtype, int32_t head_dim,
+                                           const StopCheck* stop = nullptr);
 
   // What was measured so far (dtype, then head dim order).
   std::vector<ComputeRate> Measured() const;
@@ -93,11 +100,14 @@ class MeasuredProfiles {
   IntraTier intra_if_measured() const;
 
  private:
-  absl::StatusOr<ComputeRate> Measure(DType dtype, int32_t head_dim);
+  absl::StatusOr<ComputeRate> Measure(DType dtype, int32_t head_dim, const StopCheck* stop);
 
   DeviceSlots* const slots_;
-  absl::Mutex measure_mu_;  // one measurement at a time
+  absl::Mutex measure_mu_;  // one measurement at a time (held briefly: see computing_)
   mutable absl::Mutex mu_;
+  // A compute measurement is running; others wait on mu_ for it to end, so
+  // that their StopCheck can end the wait.
+  bool computing_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::pair<int, int32_t>, ComputeRate> rates_ ABSL_GUARDED_BY(mu_);
   bool intra_done_ ABSL_GUARDED_BY(mu_) = false;
   IntraTier intra_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/exec/device_slots.h"
 #include "server/plan/cost_model.h"
@@ -105,6 +106,47 @@ TEST(MeasuredProfiles, TheLocalProfileIsAParametricProfileOfTheMeasurements) {
   EXPECT_DOUBLE_EQ(p->inter_bytes_per_s, intra.bytes_per_s);
   // The same string every time: it is part of the plan key.
   EXPECT_EQ(*m.LocalProfile(DType::kFloat32, 64), *s);
+}
+
+TEST(MeasuredProfiles, TheCallersDeadlineAndCancellationStopTheMeasurement) {
+  std::unique_ptr<DeviceSlots> slots = DeviceSlots::Cpu(2, 1);
+  MeasuredProfiles m(slots.get());
+  StopCheck expired;
+  expired.deadline = absl::Now() - absl::Seconds(1);
+  EXPECT_EQ(m.Compute(DType::kFloat32, 64, &expired).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  StopCheck cancelled;
+  cancelled.cancelled = [] { return true; };
+  EXPECT_EQ(m.LocalProfile(DType::kFloat32, 64, &cancelled).status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_TRUE(m.Measured().empty());  // a stopped measurement is not kept
+  ASSERT_TRUE(m.Compute(DType::kFloat32, 64).ok());  // the next caller measures
+  EXPECT_EQ(m.Measured().size(), 1u);
+}
+
+TEST(MeasuredProfiles, AWaiterLeavesAtItsDeadlineWhileAnotherMeasures) {
+  // Paced slots (2e7 FLOP/s: a 32 MFLOP forward takes 1.6 s), so the first
+  // caller's measurement runs until its 3 s deadline ends it.
+  std::unique_ptr<DeviceSlots> slots = DeviceSlots::Cpu(1, 1, nullptr, 2e7);
+  MeasuredProfiles m(slots.get());
+  absl::Status first, second;
+  absl::Time first_end, second_end;
+  std::thread measuring([&] {
+    StopCheck stop;
+    stop.deadline = absl::Now() + absl::Seconds(3);
+    first = m.Compute(DType::kFloat32, 32, &stop).status();
+    first_end = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  StopCheck stop;
+  stop.deadline = absl::Now() + absl::Milliseconds(100);
+  second = m.Compute(DType::kFloat32, 32, &stop).status();
+  second_end = absl::Now();
+  measuring.join();
+  EXPECT_EQ(first.code(), absl::StatusCode::kDeadlineExceeded) << first;
+  EXPECT_EQ(second.code(), absl::StatusCode::kDeadlineExceeded) << second;
+  EXPECT_LT(second_end, first_end);  // it did not wait for the measurement to end
+  EXPECT_TRUE(m.Measured().empty());
 }
 
 }  // namespace
