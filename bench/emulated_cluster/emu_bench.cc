@@ -67,13 +67,9 @@ namespace {
 
 using hsap::bench::EmuCell;
 using hsap::bench::EmuPack;
+using hsap::bench::Median;
 using hsap::plan::Strategy;
 using hsap::testing::GroupSpec;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 hsap::plan::PlanSpec ModelSpec(const std::vector<int64_t>& cu, int nodes, int devices,
                                Strategy s, const std::string& profile) {

@@ -15,13 +15,6 @@ bool IsBaseline(const std::string& s) {
   return s == "ring" || s == "allgather" || s == "ulysses" || s == "usp";
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Strategy names ordered by `t` (ascending), auto left out; ties keep cell order.
 std::vector<std::string> Ranking(const std::vector<EmuCell>& cells, const std::vector<double>& t) {
   std::vector<size_t> idx;
@@ -35,6 +28,13 @@ std::vector<std::string> Ranking(const std::vector<EmuCell>& cells, const std::v
 }
 
 }  // namespace
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 EmuSummary Summarize(const std::vector<EmuPack>& packs) {
   EmuSummary s;

@@ -15,6 +15,10 @@
 
 namespace hsap::bench {
 
+// The median (an even count: the mean of the middle two; empty: 0). The
+// bench's repetitions and the report's model error use it.
+double Median(std::vector<double> v);
+
 // One strategy on one pack.
 struct EmuCell {
   std::string strategy;           // "ring", ..., "auto"

@@ -76,5 +76,14 @@ TEST(EmuReportTest, RankingsDifferAndCellsThatDidNotRun) {
             std::string::npos);
 }
 
+TEST(EmuReportTest, MedianOfAnEvenCountIsTheMeanOfTheMiddleTwo) {
+  // Two repetitions: not the larger one (the bench's own median took it,
+  // so one stalled repetition set a strategy's time).
+  EXPECT_DOUBLE_EQ(Median({172.3, 386.4}), 279.35);
+  EXPECT_DOUBLE_EQ(Median({3, 1, 2}), 2);
+  EXPECT_DOUBLE_EQ(Median({4, 1, 3, 2}), 2.5);
+  EXPECT_DOUBLE_EQ(Median({}), 0);
+}
+
 }  // namespace
 }  // namespace hsap::bench
