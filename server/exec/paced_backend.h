@@ -61,8 +61,6 @@ class PacedBackend : public ComputeBackend {
   absl::Status Synchronize() override { return inner_->Synchronize(); }
   MemoryBudget* memory_budget() const override { return inner_->memory_budget(); }
 
-  double flops_per_s() const { return flops_per_s_; }
-
  private:
   // Waits until `start` + flops / flops_per_s_, advancing transfers; the
   // stop's status if it fires first.
