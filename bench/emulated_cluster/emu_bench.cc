@@ -13,6 +13,8 @@
 //                      plan modeled under --profile (the emulation's
 //                      measured figures); tables and the closing line
 //                      (emu_report.h).
+//   --phase=model      no cluster: the modeled ms of every strategy on
+//                      --nodes x --devices under --profile, ranked.
 //
 // Clients run in the root network namespace: sessions and calls go over
 // the daemons' Unix sockets (a filesystem path reaches a daemon in any
@@ -39,7 +41,8 @@
 #include "server/plan/cost_model.h"
 #include "tests/integration/group_call.h"
 
-ABSL_FLAG(std::string, phase, "measure", "wait, calibrate, link_rate or measure");
+ABSL_FLAG(std::string, phase, "measure", "wait, calibrate, link_rate, measure or model");
+ABSL_FLAG(int, nodes, 0, "model: nodes of the modeled cluster (the other phases: one per socket)");
 ABSL_FLAG(double, flops_per_rank, 0, "link_rate: the calibrated FLOP/s of one rank");
 ABSL_FLAG(std::string, target_profile, "h100",
           "link_rate: the profile whose FLOP/s over inter-node bytes/s the links reproduce");
@@ -312,9 +315,62 @@ int LinkRate() {
   return 0;
 }
 
+// --phase=model: the measure phase's modeled column alone, no cluster: each
+// strategy's modeled ms per pack and summed under --profile, ranked.
+int Model(const std::vector<int64_t>& lengths) {
+  const int nodes = absl::GetFlag(FLAGS_nodes), devices = absl::GetFlag(FLAGS_devices);
+  const std::string profile = absl::GetFlag(FLAGS_profile);
+  if (nodes < 1 || devices < 1 || !hsap::plan::IsKnownProfile(profile)) {
+    std::fprintf(stderr, "emu_bench: model needs --nodes >= 1, --devices >= 1 and a known "
+                         "--profile\n");
+    return 2;
+  }
+  const auto packs = hsap::PackDocuments(lengths, absl::GetFlag(FLAGS_tokens),
+                                         absl::GetFlag(FLAGS_packs), /*seed=*/2026);
+  std::vector<std::pair<double, std::string>> summed;
+  if (getenv("DUMPCU")) { for (size_t i = 0; i < packs[0].size(); ++i) std::fprintf(stderr, "%s%ld", i ? "," : "", (long)packs[0][i]); std::fprintf(stderr, "\n"); }
+  const std::vector<std::string> names =
+      absl::StrSplit(absl::GetFlag(FLAGS_strategies), ',', absl::SkipEmpty());
+  for (const std::string& n : names) {
+    Strategy s;
+    if (!hsap::plan::ParseStrategy(n, &s)) {
+      std::fprintf(stderr, "emu_bench: unknown strategy %s\n", n.c_str());
+      return 2;
+    }
+    double total_ms = 0;
+    std::printf("  %-9s", n.c_str());
+    for (const auto& cu : packs) {
+      auto p = hsap::plan::CompilePlan(ModelSpec(cu, nodes, devices, s, profile));
+      if (!p.ok()) {
+        std::fprintf(stderr, "emu_bench: model of %s: %s\n", n.c_str(), p.status().ToString().c_str());
+        return 1;
+      }
+      std::printf(" %12.1f", p->stats.modeled_us * 1e-3);
+      total_ms += p->stats.modeled_us * 1e-3;
+    }
+    std::printf("  summed %12.1f ms\n", total_ms);
+    if (s != Strategy::kAuto) summed.emplace_back(total_ms, n);
+  }
+  std::sort(summed.begin(), summed.end());
+  std::printf("  ranked by modeled time:");
+  for (size_t i = 0; i < summed.size(); ++i) {
+    std::printf("%s%s", i == 0 ? " " : " < ", summed[i].second.c_str());
+  }
+  std::printf("\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_phase) == "link_rate") return LinkRate();
+  if (absl::GetFlag(FLAGS_phase) == "model") {
+    auto lengths = hsap::LoadDocumentLengths(hsap::FindWorkload());
+    if (!lengths.ok()) {
+      std::fprintf(stderr, "emu_bench: %s\n", lengths.status().ToString().c_str());
+      return 1;
+    }
+    return Model(*lengths);
+  }
   const std::vector<std::string> sockets =
       absl::StrSplit(absl::GetFlag(FLAGS_sockets), ',', absl::SkipEmpty());
   if (sockets.empty()) {
@@ -330,6 +386,6 @@ int main(int argc, char** argv) {
   }
   if (phase == "calibrate") return Calibrate(sockets, *lengths);
   if (phase == "measure") return Measure(sockets, *lengths);
-  std::fprintf(stderr, "emu_bench: --phase=%s is not wait, calibrate, link_rate or measure\n", phase.c_str());
+  std::fprintf(stderr, "emu_bench: --phase=%s is not wait, calibrate, link_rate, measure or model\n", phase.c_str());
   return 2;
 }

@@ -87,7 +87,11 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
   const int32_t U = HeadGroupSize(strategy, topo);
   const int32_t V = P / U;
   const int64_t D = spec.shape.head_dim;
-  const double bw[kNumTiers] = {profile.intra_bytes_per_s, profile.inter_bytes_per_s};
+  // A shared inter-node link (inter_link_ranks k) gives one rank up to k
+  // times its share; the link's bytes are at least the rank's, so the
+  // rank's bytes at the link's rate bound the model's term from below.
+  const double bw[kNumTiers] = {profile.intra_bytes_per_s,
+                                profile.inter_bytes_per_s * std::max(1.0, profile.inter_link_ranks)};
   const double ratio = static_cast<double>(ReturnBytesRatio(spec.shape.dtype));
   std::vector<int64_t> group_tokens(V, 0), group_area(V, 0);
   for (int32_t r = 0; r < P; ++r) {

@@ -486,7 +486,12 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     models[d] = ModelRank(profile, spec.shape.head_dim, area, rb.fwd, rb.bwd, &rp);
   });
   FinishStats(slices, &plan);
-  FinishModel(models, &plan.stats);
+  if (profile.inter_link_ranks > 1) {
+    // A shared link's term needs all its ranks' bytes: modeled again, whole.
+    ModelPlanTime(profile, &plan);
+  } else {
+    FinishModel(models, &plan.stats);
+  }
   return plan;
 }
 

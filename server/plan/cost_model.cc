@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "absl/base/macros.h"
 #include "absl/strings/numbers.h"
@@ -49,12 +50,20 @@ void Add(const TransferList& ts, bool recv, TierBytes* b) {
   }
 }
 
+// Each tier's bandwidth in the model: a rank's, and for inter-node links
+// shared by k ranks the link's (k times a rank's; the bytes are then the
+// link's: LinkBytes).
+std::array<double, kNumTiers> TierBandwidths(const HardwareProfile& p) {
+  return {p.intra_bytes_per_s, p.inter_bytes_per_s * std::max(1.0, p.inter_link_ranks)};
+}
+
 // Seconds to move `b`: tiers in parallel; each tier limited by the larger of
-// what the rank sends and receives on it.
+// what the rank (for a shared inter-node link: the link) sends and receives
+// on it.
 double TransferSeconds(const HardwareProfile& p, const TierBytes& b,
                        std::array<double, kNumTiers>* per_tier) {
   double worst = 0;
-  const double bw[kNumTiers] = {p.intra_bytes_per_s, p.inter_bytes_per_s};
+  const std::array<double, kNumTiers> bw = TierBandwidths(p);
   const double lat[kNumTiers] = {p.intra_latency_s, p.inter_latency_s};
   for (int t = 0; t < kNumTiers; ++t) {
     const int64_t bytes = std::max(b.send[t], b.recv[t]);
@@ -158,7 +167,7 @@ RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area
     rs.fwd_transfer_us[t] *= 1e6;
     rs.bwd_transfer_us[t] *= 1e6;
   }
-  const double bw[kNumTiers] = {profile.intra_bytes_per_s, profile.inter_bytes_per_s};
+  const std::array<double, kNumTiers> bw = TierBandwidths(profile);
   double fwd_bytes_s = 0, bwd_bytes_s = 0;
   for (int t = 0; t < kNumTiers; ++t) {
     fwd_bytes_s = std::max(fwd_bytes_s, std::max(fwd_total.send[t], fwd_total.recv[t]) / bw[t]);
@@ -200,7 +209,15 @@ constexpr CustomField kCustomFields[] = {
     {"intra_latency_us", &HardwareProfile::intra_latency_s, 1e6, 0.0, 1e9, false, false},
     {"backward_factor", &HardwareProfile::backward_factor, 1.0, 0.0, 100.0, true, false},
     {"kv_interleave_factor", &HardwareProfile::kv_interleave_factor, 1.0, 0.0, 1.0, true, false},
+    {"inter_link_ranks", &HardwareProfile::inter_link_ranks, 1.0, 1.0, 1024.0, false, false},
 };
+
+// The optional fields whose default (1) the canonical string leaves out, so
+// the strings of profiles without them stay as they were.
+bool OmittedWhenOne(double HardwareProfile::*member) {
+  return member == &HardwareProfile::kv_interleave_factor ||
+         member == &HardwareProfile::inter_link_ranks;
+}
 
 std::string CustomFieldNames() {
   std::string out;
@@ -243,6 +260,9 @@ absl::StatusOr<HardwareProfile> ParseCustomProfile(absl::string_view name) {
       return error(absl::StrCat("field ", field, " is ", text, "; it must be in ",
                                 f.min_exclusive ? "(" : "[", f.min, ", ", f.max, "]"));
     }
+    if (f.member == &HardwareProfile::inter_link_ranks && v != std::floor(v)) {
+      return error(absl::StrCat("field ", field, " is ", text, "; it must be an integer"));
+    }
     p.*f.member = v / f.divisor;
   }
   for (size_t i = 0; i < ABSL_ARRAYSIZE(kCustomFields); ++i) {
@@ -281,8 +301,7 @@ std::string CustomProfileString(const HardwareProfile& p) {
   std::string out(kCustomProfilePrefix);
   for (size_t i = 0; i < ABSL_ARRAYSIZE(kCustomFields); ++i) {
     const CustomField& f = kCustomFields[i];
-    // Absent means 1: the strings of profiles without it stay as they were.
-    if (f.member == &HardwareProfile::kv_interleave_factor && p.*f.member == 1.0) continue;
+    if (OmittedWhenOne(f.member) && p.*f.member == 1.0) continue;
     absl::StrAppend(&out, i == 0 ? "" : ",", f.name, "=", RoundTrip(p.*f.member, f.divisor));
   }
   return out;
@@ -344,16 +363,66 @@ void FinishModel(const std::vector<RankModel>& models, PlanStats* stats) {
   stats->lower_bound_us = (lb_fwd + lb_bwd) * 1e6;
 }
 
+namespace {
+
+// For inter_link_ranks k > 1: each stage's StageBytes of every rank with its
+// inter-node bytes replaced by those of its link (the sums over the link's
+// ranks: a node's ranks in rank order, k to a link).
+std::vector<std::vector<StageBytes>> LinkBytes(const Plan& plan, bool backward, int32_t k) {
+  const size_t P = plan.ranks.size();
+  std::vector<std::vector<StageBytes>> own(P), link_of(P);
+  std::map<int32_t, int32_t> seen_on_node;
+  std::vector<int64_t> link(P);  // (node, index of the link on it) packed
+  for (size_t r = 0; r < P; ++r) {
+    const RankPlan& rp = plan.ranks[r];
+    for (const Stage& st : backward ? rp.backward : rp.forward) own[r].push_back(ListBytes(st));
+    const int32_t index = seen_on_node[rp.node]++;
+    link[r] = (static_cast<int64_t>(rp.node) << 32) | (index / k);
+  }
+  std::map<int64_t, std::vector<StageBytes>> sums;
+  constexpr int kInter = static_cast<int>(LinkTier::kInterNode);
+  for (size_t r = 0; r < P; ++r) {
+    std::vector<StageBytes>& sum = sums[link[r]];
+    if (sum.size() < own[r].size()) sum.resize(own[r].size());
+    for (size_t s = 0; s < own[r].size(); ++s) {
+      sum[s].send[kInter] += own[r][s].send[kInter];
+      sum[s].recv[kInter] += own[r][s].recv[kInter];
+      sum[s].return_send[kInter] += own[r][s].return_send[kInter];
+      sum[s].return_recv[kInter] += own[r][s].return_recv[kInter];
+    }
+  }
+  for (size_t r = 0; r < P; ++r) {
+    const std::vector<StageBytes>& sum = sums[link[r]];
+    for (size_t s = 0; s < own[r].size(); ++s) {
+      own[r][s].send[kInter] = sum[s].send[kInter];
+      own[r][s].recv[kInter] = sum[s].recv[kInter];
+      own[r][s].return_send[kInter] = sum[s].return_send[kInter];
+      own[r][s].return_recv[kInter] = sum[s].return_recv[kInter];
+    }
+  }
+  return own;
+}
+
+}  // namespace
+
 void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
+  const int32_t k = static_cast<int32_t>(std::max(1.0, profile.inter_link_ranks));
+  std::vector<std::vector<StageBytes>> link_fwd, link_bwd;
+  if (k > 1) {
+    link_fwd = LinkBytes(*plan, false, k);
+    link_bwd = LinkBytes(*plan, true, k);
+  }
   std::vector<RankModel> models;
-  for (RankPlan& rp : plan->ranks) {
+  for (size_t r = 0; r < plan->ranks.size(); ++r) {
+    RankPlan& rp = plan->ranks[r];
     models.push_back(ModelRankWith(
         profile, plan->spec.shape.head_dim,
         [&rp](size_t s, bool backward, bool overlap) {
           const Stage& st = (backward ? rp.backward : rp.forward)[s];
           return ItemsArea(overlap ? st.overlap_items : st.items);
         },
-        [&rp](size_t s, bool backward) {
+        [&, r](size_t s, bool backward) {
+          if (k > 1) return (backward ? link_bwd : link_fwd)[r][s];
           return ListBytes((backward ? rp.backward : rp.forward)[s]);
         },
         &rp));

@@ -6,7 +6,9 @@
 // one rank. The model, per rank and stage:
 //
 //   transfer_s  = max over tiers of (latency + max(send, recv bytes) / bw)
-//                 (tiers are separate links and run concurrently)
+//                 (tiers are separate links and run concurrently; where k
+//                 ranks share an inter-node link, its bytes are the link's
+//                 and its bw k times a rank's: inter_link_ranks)
 //   stage_s     = max(transfer_s, compute(overlap_items)) + compute(items)
 //                 + return transfer (backward)
 //   compute     = 4 * D * area * q_heads FLOP forward, 2.5x that backward,
@@ -45,6 +47,15 @@ struct HardwareProfile {
   // effect) for the named profiles; measured for CPU slots (the kernels'
   // row stride h * D costs them cache; server/exec/measured_profile.h).
   double kv_interleave_factor = 1.0;
+  // How many ranks of a node share one inter-node link (an integer >= 1):
+  // 1 (the named profiles) is a NIC per rank. With k > 1 a node's ranks, in
+  // rank order, form links of k; a link carries k * inter_bytes_per_s each
+  // way and any one of its ranks may use all of it, so a rank's inter-node
+  // term in a stage is latency + the link's bytes (the larger direction,
+  // summed over its ranks) / (k * inter_bytes_per_s). The emulated cluster
+  // (one shaped veth per node) and hsapd over UCX TCP (one connection per
+  // pair of nodes) are such links.
+  double inter_link_ranks = 1.0;
 };
 
 // The named profiles: "h100", "h200", "cpu-loopback".
@@ -60,8 +71,9 @@ std::vector<std::string> HardwareProfileNames();
 // flops (attention FLOP/s of one rank, forward), inter_bytes_per_s and
 // intra_bytes_per_s (per rank, one direction) are required; the latencies
 // (microseconds per transfer, default 0), backward_factor (backward
-// FLOPs over forward FLOPs, default 2.5) and kv_interleave_factor (in
-// (0, 1], default 1; written only when not 1) are optional. Values are decimal
+// FLOPs over forward FLOPs, default 2.5), kv_interleave_factor (in
+// (0, 1], default 1; written only when not 1) and inter_link_ranks (an
+// integer in [1, 1024], default 1; written only when not 1) are optional. Values are decimal
 // or scientific numbers; each field at most once. The profile's name is the
 // whole string (it is part of the plan key, so every node of a group must
 // be given the same string).
@@ -110,11 +122,17 @@ void ModelPlanTime(const HardwareProfile& profile, Plan* plan);
 // stage_area[s] = {area of overlap_items, area of items} of its forward
 // stage s and of its backward stage s (the compiler's backward stages repeat
 // the forward items; the ranks of a head group share theirs, so the compiler
-// sums each inner stage once). FinishModel then takes the slowest rank of
+// sums each inner stage once; for inter_link_ranks > 1, which needs every
+// rank's bytes first, it calls ModelPlanTime instead). FinishModel then
+// takes the slowest rank of
 // each stage (PlanStats::fwd_us, bwd_us, modeled_us, lower_bound_us).
 // The model's transfer term of one rank in one stage: tiers in parallel,
 // each the larger of what the rank sends and receives on it, plus the
-// tier's latency when it moves anything.
+// tier's latency when it moves anything. With inter_link_ranks k > 1 the
+// inter-node bytes given are taken as the link's, at k times a rank's
+// bandwidth; given one rank's own bytes, that is a lower bound of the
+// model's term (the link's bytes are at least the rank's), which is how
+// auto's bounds use it.
 double StageTransferSeconds(const HardwareProfile& profile,
                             const std::array<int64_t, kNumTiers>& send_bytes,
                             const std::array<int64_t, kNumTiers>& recv_bytes);

@@ -194,6 +194,61 @@ TEST(CostModelProfileTest, InterleavedKvHeadsSlowTheRank) {
   EXPECT_EQ(best_auto->stats.modeled_us, best);
 }
 
+// inter_link_ranks k: k ranks of a node share one inter-node link of k
+// times a rank's rate. Parsed as an integer in [1, 1024], written only when
+// not 1. With compute and the intra-node tier free, a stage's inter-node
+// term is the link's bytes at k times the rate: never more than with a link
+// per rank (the link's bytes are at most k times its busiest rank's) and
+// never less than half of it at k = 2 (at least the rank's own). Where a
+// node's ranks move unequal bytes (ulysses with 8 query heads on 16 ranks:
+// half of them receive every other rank's share) it models the exchange
+// well under the per-rank link's time. The compiler's figures are
+// ModelPlanTime's, auto stays the least, the bound stays under the time.
+TEST(CostModelProfileTest, SharedInterNodeLink) {
+  const std::string links = "custom:flops=1e18,inter_bytes_per_s=1e6,intra_bytes_per_s=1e15";
+  const std::string shared = links + ",inter_link_ranks=2";
+  absl::StatusOr<HardwareProfile> p = ParseHardwareProfile(shared);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->inter_link_ranks, 2);
+  EXPECT_NE(CustomProfileString(*p).find(",inter_link_ranks=2"), std::string::npos);
+  EXPECT_EQ(ParseHardwareProfile(CustomProfileString(*p))->inter_link_ranks, 2);
+  EXPECT_EQ(ParseHardwareProfile(links)->inter_link_ranks, 1);
+  EXPECT_EQ(CustomProfileString(*ParseHardwareProfile(links)).find("inter_link"), std::string::npos);
+  ExpectProfileError(links + ",inter_link_ranks=0", "field inter_link_ranks is 0; it must be in [1, 1024]");
+  ExpectProfileError(links + ",inter_link_ranks=1025", "field inter_link_ranks is 1025; it must be in [1, 1024]");
+  ExpectProfileError(links + ",inter_link_ranks=1.5", "field inter_link_ranks is 1.5; it must be an integer");
+  for (Strategy s : {Strategy::kRing, Strategy::kAllGather, Strategy::kUlysses, Strategy::kUsp,
+                     Strategy::kSap, Strategy::kHsap}) {
+    absl::StatusOr<Plan> one = CompilePlan(Spec(s, links));
+    absl::StatusOr<Plan> two = CompilePlan(Spec(s, shared));
+    ASSERT_TRUE(one.ok() && two.ok()) << StrategyName(s);
+    EXPECT_GT(one->stats.modeled_us, 0) << StrategyName(s);
+    EXPECT_LE(two->stats.modeled_us, one->stats.modeled_us * (1 + 1e-12)) << StrategyName(s);
+    EXPECT_GE(two->stats.modeled_us, one->stats.modeled_us / 2 * (1 - 1e-12)) << StrategyName(s);
+    EXPECT_LE(two->stats.lower_bound_us, two->stats.modeled_us * (1 + 1e-12)) << StrategyName(s);
+    Plan again = *two;
+    ModelPlanTime(*p, &again);
+    EXPECT_EQ(again.stats.modeled_us, two->stats.modeled_us) << StrategyName(s);
+    EXPECT_EQ(again.stats.fwd_us, two->stats.fwd_us) << StrategyName(s);
+  }
+  PlanSpec uneven = Spec(Strategy::kUlysses, links);
+  uneven.topology = {8, 2};
+  absl::StatusOr<Plan> one = CompilePlan(uneven);
+  uneven.profile = shared;
+  absl::StatusOr<Plan> two = CompilePlan(uneven);
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_LT(two->stats.modeled_us, 0.75 * one->stats.modeled_us)
+      << two->stats.modeled_us << " vs " << one->stats.modeled_us;
+  absl::StatusOr<Plan> best_auto = CompilePlan(Spec(Strategy::kAuto, shared));
+  ASSERT_TRUE(best_auto.ok());
+  double best = 1e300;
+  for (Strategy s : {Strategy::kRing, Strategy::kAllGather, Strategy::kUlysses, Strategy::kUsp,
+                     Strategy::kSap, Strategy::kHsap}) {
+    best = std::min(best, CompilePlan(Spec(s, shared))->stats.modeled_us);
+  }
+  EXPECT_EQ(best_auto->stats.modeled_us, best);
+}
+
 // auto ranks the candidates with the given profile: its modeled time is
 // the lowest of the six strategies compiled under the same custom profile.
 TEST(CostModelProfileTest, AutoPlansWithTheCustomProfile) {
