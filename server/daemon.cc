@@ -130,6 +130,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     // First, before other threads start: UCX reads its environment here.
     transport::UcxWorkerOptions ucx_options;
     ucx_options.transports = options.ucx_transports;
+    ucx_options.rndv_thresh = options.ucx_rndv_thresh;
     auto worker = transport::UcxWorker::Create(ucx_options);
     if (!worker.ok()) return worker.status();
     d->ucx_ = std::move(worker).value();

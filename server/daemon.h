@@ -69,6 +69,9 @@ struct DaemonOptions {
   // UCX transports for the data plane between nodes (UCX_TLS syntax; empty:
   // UCX's choice).
   std::string ucx_transports;
+  // UCX_RNDV_THRESH for the data plane (transport::UcxWorkerOptions::
+  // rndv_thresh; empty: eager at every size over TCP, UCX's own otherwise).
+  std::string ucx_rndv_thresh;
   absl::Duration heartbeat_period = absl::Milliseconds(200);
   absl::Duration peer_down_after = absl::Seconds(1);
   // Call memory (accumulators, stage buffers) all calls together may

@@ -66,6 +66,11 @@ ABSL_FLAG(int, peer_linger_ms, 5000,
 ABSL_FLAG(std::string, ucx_transports, "",
           "UCX transports between nodes (UCX_TLS syntax, e.g. tcp or posix,sysv,cma,self); "
           "empty: UCX's choice");
+ABSL_FLAG(std::string, ucx_rndv_thresh, "",
+          "UCX_RNDV_THRESH of the data plane (auto, inf or a size); empty: every message "
+          "eager when --ucx_transports (else UCX_TLS) is tcp with only same-node transports "
+          "besides (a rendezvous' handshakes queue behind bulk data on a TCP connection), "
+          "UCX's own threshold otherwise. The environment's UCX_RNDV_THRESH wins");
 ABSL_FLAG(int, heartbeat_ms, 200, "heartbeat period between nodes");
 ABSL_FLAG(int, peer_down_ms, 1000, "a node silent this long is down: its calls are aborted");
 ABSL_FLAG(int, drain_timeout_s, 30, "on SIGTERM/SIGINT, wait this long for calls in flight");
@@ -150,6 +155,7 @@ int main(int argc, char** argv) {
   options.peer_linger = absl::Milliseconds(absl::GetFlag(FLAGS_peer_linger_ms));
   options.max_peers = absl::GetFlag(FLAGS_max_peers);
   options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);
+  options.ucx_rndv_thresh = absl::GetFlag(FLAGS_ucx_rndv_thresh);
   options.heartbeat_period = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.peer_down_after = absl::Milliseconds(absl::GetFlag(FLAGS_peer_down_ms));
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);

@@ -164,7 +164,8 @@ start_daemons() {  # "$@": extra flags
   DAEMONS=()
   for ((i = 0; i < NODES; i++)); do
     # UCX only on the node's link (not lo, whose 127.0.0.1 is every
-    # namespace's own); tcp between nodes, self for a node's own slots.
+    # namespace's own); tcp between nodes, self for a node's own slots;
+    # over tcp hsapd sends every message eager (--ucx_rndv_thresh).
     ip netns exec "$TAG-n$i" env UCX_NET_DEVICES=eth0 "$HSAPD" --socket="$WORK/node$i.sock" \
       --devices=cpu:"$SLOTS" --cpu_threads="$CPU_THREADS" --host="$(addr "$i")" --port=7001 \
       --peers="$PEERS" --node_rank="$i" --ucx_transports=tcp,self \
@@ -268,6 +269,9 @@ read -r INTER_BPS INTER_LAT_US RATIO <<<"$(/usr/bin/python3 -c "
 g, s, f, rtt = $GOODPUT, $SLOTS, $FLOPS_PER_RANK, $RTT_US
 print('%.6g %.6g %.1f' % (g / s, rtt / 2, f / (g / s)))")"
 MODEL_PROFILE="custom:flops=$FLOPS_PER_RANK,inter_bytes_per_s=$INTER_BPS,intra_bytes_per_s=$INTRA_BYTES_PER_S,inter_latency_us=$INTER_LAT_US,intra_latency_us=$INTRA_LATENCY_US"
+# A node's D slots share its one link (D times a rank's rate; any slot may
+# use all of it): the model's inter_link_ranks (plan/cost_model.h).
+if [ "$SLOTS" -gt 1 ]; then MODEL_PROFILE="$MODEL_PROFILE,inter_link_ranks=$SLOTS"; fi
 echo "measured: node link goodput $GOODPUT B/s -> $INTER_BPS B/s per rank; one-way latency $INTER_LAT_US us (half the idle round trip)"
 echo "emulated ratio: $FLOPS_PER_RANK FLOP/s / $INTER_BPS B/s = $RATIO FLOP per inter-node byte (target $PROFILE: see above)"
 echo "model profile: $MODEL_PROFILE"

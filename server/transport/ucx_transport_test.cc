@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/unique_fd.h"
 #include "gmock/gmock.h"
@@ -35,7 +36,16 @@ using testing::ReadBlob;
 using testing::WriteBlob;
 
 constexpr char kTcp[] = "tcp";
+// tcp with UCX's own rendezvous threshold: large messages go rendezvous
+// (plain tcp is eager at every size, ucx_worker.h EagerRndvThresh).
+constexpr char kTcpRendezvous[] = "tcp+rndv";
 constexpr char kSharedMemory[] = "posix,sysv,cma,self";
+
+// The worker options a test parameter stands for.
+UcxWorkerOptions OptionsFor(absl::string_view param) {
+  if (absl::ConsumeSuffix(&param, "+rndv")) return {.transports = std::string(param), .rndv_thresh = "auto"};
+  return {.transports = std::string(param)};
+}
 
 // ---------------------------------------------------------------------------
 // A workload: `stages` grouped all-to-all exchanges among the ranks of
@@ -101,7 +111,7 @@ void ExpectCounters(const TransferCounters& got, const TransferCounters& want) {
 //   HSAP_UCX_CHILD_ROLE  "alltoall" or "victim"
 absl::Status ChildMain(const std::string& role, int fd, const std::string& tls) {
   const absl::Time deadline = absl::Now() + absl::Seconds(25);
-  auto worker = UcxWorker::Create({.transports = tls});
+  auto worker = UcxWorker::Create(OptionsFor(tls));
   if (!worker.ok()) return worker.status();
   absl::Status s = WriteBlob(fd, (*worker)->Address());
   if (!s.ok()) return s;
@@ -204,7 +214,7 @@ class UcxTransportTest : public ::testing::TestWithParam<const char*> {
   // Two workers (nodes 0 and 1) of this process, each connected to both.
   void MakeTwoNodes() {
     for (int node = 0; node < 2; ++node) {
-      auto w = UcxWorker::Create({.transports = GetParam()});
+      auto w = UcxWorker::Create(OptionsFor(GetParam()));
       ASSERT_TRUE(w.ok()) << w.status();
       workers_.push_back(std::move(*w));
     }
@@ -314,7 +324,7 @@ TEST_P(UcxTransportTest, AllToAllTwoProcesses) {
   theirs.reset();
   const absl::Time deadline = absl::Now() + absl::Seconds(25);
 
-  auto worker = UcxWorker::Create({.transports = GetParam()});
+  auto worker = UcxWorker::Create(OptionsFor(GetParam()));
   ASSERT_TRUE(worker.ok()) << worker.status();
   ASSERT_TRUE(WriteBlob(mine.get(), (*worker)->Address()).ok());
   auto child_address = ReadBlob(mine.get(), deadline);
@@ -360,7 +370,7 @@ TEST_P(UcxTransportTest, PeerKilledMidExchange) {
   ASSERT_TRUE(child.ok()) << child.status();
   theirs.reset();
   const absl::Time setup_deadline = absl::Now() + absl::Seconds(15);
-  auto worker = UcxWorker::Create({.transports = GetParam()});
+  auto worker = UcxWorker::Create(OptionsFor(GetParam()));
   ASSERT_TRUE(worker.ok()) << worker.status();
   ASSERT_TRUE(WriteBlob(mine.get(), (*worker)->Address()).ok());
   auto child_address = ReadBlob(mine.get(), setup_deadline);
@@ -647,9 +657,13 @@ TEST_P(UcxTransportTest, ProgressCompletesAnExchangeBeforeWait) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values(kTcp, kSharedMemory),
+INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest,
+                         ::testing::Values(kTcp, kTcpRendezvous, kSharedMemory),
                          [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param == kTcp ? "tcp" : "shared_memory");
+                           const absl::string_view p = info.param;
+                           return std::string(p == kTcp               ? "tcp"
+                                              : p == kTcpRendezvous ? "tcp_rendezvous"
+                                                                    : "shared_memory");
                          });
 
 }  // namespace

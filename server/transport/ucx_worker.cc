@@ -1,9 +1,13 @@
 #include "server/transport/ucx_worker.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/transport/ucx_status.h"
@@ -21,6 +25,21 @@ absl::Status SetDefault(ucp_config_t* config, const char* name, const std::strin
 }
 
 }  // namespace
+
+std::string EagerRndvThresh(absl::string_view transports) {
+  static constexpr absl::string_view kSameNode[] = {"self", "posix", "sysv", "cma",
+                                                     "sm",   "shm",   "knem", "xpmem"};
+  bool tcp = false;
+  for (absl::string_view t : absl::StrSplit(transports, ',', absl::SkipEmpty())) {
+    t = absl::StripAsciiWhitespace(t);
+    if (t == "tcp") {
+      tcp = true;
+    } else if (std::find(std::begin(kSameNode), std::end(kSameNode), t) == std::end(kSameNode)) {
+      return "";
+    }
+  }
+  return tcp ? "inf" : "";
+}
 
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxWorkerOptions& options) {
   std::unique_ptr<UcxWorker> self(new UcxWorker());
@@ -46,6 +65,16 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxWorkerOpti
   HSAP_RETURN_IF_ERROR(SetDefault(
       config, "KEEPALIVE_INTERVAL",
       absl::StrCat(absl::ToInt64Milliseconds(options.keepalive_interval), "ms")));
+  if (std::getenv("UCX_RNDV_THRESH") == nullptr) {
+    const char* env_tls = std::getenv("UCX_TLS");
+    self->rndv_thresh_ = !options.rndv_thresh.empty() ? options.rndv_thresh
+                         : !options.transports.empty() ? EagerRndvThresh(options.transports)
+                         : env_tls != nullptr ? EagerRndvThresh(env_tls)
+                                              : "";
+    if (!self->rndv_thresh_.empty()) {
+      HSAP_RETURN_IF_ERROR(SetDefault(config, "RNDV_THRESH", self->rndv_thresh_));
+    }
+  }
 
   ucp_params_t params = {};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;

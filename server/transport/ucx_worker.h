@@ -53,7 +53,27 @@ struct UcxWorkerOptions {
   // connection to reset (shared memory). Ignored when the environment sets
   // UCX_KEEPALIVE_INTERVAL.
   absl::Duration keepalive_interval = absl::Seconds(1);
+  // UCX_RNDV_THRESH: the message size from which UCX uses its rendezvous
+  // protocol. Empty: EagerRndvThresh's rule (eager at every size over TCP,
+  // UCX's own threshold otherwise); any other value goes to UCX as given
+  // ("auto", "inf", a size). Ignored when the environment sets
+  // UCX_RNDV_THRESH.
+  std::string rndv_thresh;
 };
+
+// The rendezvous threshold the daemon gives UCX when the operator names
+// none: "inf" (every message eager) when `transports` (UCX_TLS syntax) names
+// tcp and otherwise only same-node transports (self, posix, sysv, cma, sm,
+// shm, knem, xpmem); "" (UCX's own threshold) otherwise, and when
+// `transports` is empty (UCX's choice, which may be RDMA). Why: over TCP a
+// node pair shares one connection, and a rendezvous' handshakes (the
+// receiver's ready-to-receive, the sender's completion) queue behind the
+// bulk data going the other way on it, so a stage that exchanges with many
+// nodes at once idles its links waiting for them (docs/planner.md, "Eager
+// transfers over TCP": 4 x 2 emulated allgather 31.2 -> 19.7 s). Eager data
+// a receive is not yet posted for waits in UCX's unexpected queue, at most
+// what the plan has the peer send (docs/reliability.md).
+std::string EagerRndvThresh(absl::string_view transports);
 
 class UcxWorker {
  public:
@@ -72,6 +92,10 @@ class UcxWorker {
   // The worker's address (ucp_worker_get_address): opaque bytes to publish
   // to the other nodes. Stable for the worker's life.
   const std::string& Address() const { return address_; }
+
+  // The UCX_RNDV_THRESH this worker set ("" where it left UCX's: the
+  // environment named one, or the rule chose UCX's own).
+  const std::string& rndv_thresh() const { return rndv_thresh_; }
 
   // OK iff `address` may be given to UCX (ucx_address.h: the layout of a
   // UCX 1.13 worker address compatible with this worker's); this worker's
@@ -129,6 +153,7 @@ class UcxWorker {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;
+  std::string rndv_thresh_;
   UcxAddressLayout layout_;
   std::map<int32_t, std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, uint64_t> generations_ ABSL_GUARDED_BY(mu_);
