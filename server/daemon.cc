@@ -133,6 +133,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     ucx_options.rndv_thresh = options.ucx_rndv_thresh;
     auto worker = transport::UcxWorker::Create(ucx_options);
     if (!worker.ok()) return worker.status();
+    HSAP_LOG(INFO) << "UCX data plane: transports "
+                   << (options.ucx_transports.empty() ? "(UCX's choice)" : options.ucx_transports)
+                   << ", rendezvous threshold "
+                   << ((*worker)->rndv_thresh().empty() ? "UCX's (or UCX_RNDV_THRESH)"
+                                                        : (*worker)->rndv_thresh());
     d->ucx_ = std::move(worker).value();
     d->comm_ids_ = std::make_unique<transport::CommIdAllocator>();
     d->cluster_node_ = std::make_unique<cluster::Cluster>();
