@@ -51,11 +51,14 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 try:
-    import hsap
+    import hsap.client  # noqa: F401 - the package and its generated hsap.v1 modules
 except ImportError:  # run from the source tree: sources + Bazel's generated modules
     sys.path[:0] = [os.path.join(REPO, "client", "python"),
                     os.path.join(REPO, "bazel-bin", "client", "python")]
-    import hsap
+    for _name in [m for m in sys.modules if m == "hsap" or m.startswith("hsap.")]:
+        del sys.modules[_name]  # hsap.__path__ was computed without the generated tree
+    import hsap.client  # noqa: F401
+import hsap  # noqa: E402
 from train_tiny_transformer import (  # noqa: E402
     TinyTransformer, document_stream, packed_batch, python_sources, reference_attention)
 

@@ -51,12 +51,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
 try:
-    import hsap
+    import hsap.client  # noqa: F401 - the package and its generated hsap.v1 modules
 except ImportError:  # run from the source tree: sources + Bazel's generated modules
     sys.path[:0] = [os.path.join(REPO, "client", "python"),
                     os.path.join(REPO, "bazel-bin", "client", "python"),
                     os.path.join(REPO, "bazel-out", "k8-opt", "bin", "client", "python")]
-    import hsap
+    for _name in [m for m in sys.modules if m == "hsap" or m.startswith("hsap.")]:
+        del sys.modules[_name]  # hsap.__path__ was computed without the generated tree
+    import hsap.client  # noqa: F401
+import hsap  # noqa: E402
 from hsap.daemon import LocalDaemon
 
 TOLERANCE = 1e-4

@@ -39,12 +39,14 @@ keeps no state between calls: Backward carries O and LSE).
 """
 
 import math
+import time
 
 import torch
 
 from hsap import masks
 from hsap.client import default_client
 from hsap.errors import InvalidDTypeError, InvalidInputError
+from hsap.groups import solo_group
 from hsap.v1 import attention_pb2
 from hsap.v1 import common_pb2
 
@@ -214,6 +216,7 @@ def _stage(call, inputs, outputs):
 
 def _run_forward(call, q, k, v):
     """O [Tq, Hq, D] and LSE [Hq, Tq] (float32) of one forward call."""
+    started = time.perf_counter()
     rows, hq, d = call.rows, q.shape[1], q.shape[2]
     hkv = k.shape[1]
     arena, refs, views = _stage(
@@ -226,14 +229,17 @@ def _run_forward(call, q, k, v):
                 call=call.call_id(call_seq), mask=call.mask, options=call.options,
                 q=refs["q"], k=refs["k"], v=refs["v"], o=refs["o"], lse=refs["lse"]))
 
-        call.group.run(submit)
-        return views["o"][:call.q_rows].clone(), views["lse"][:, :call.q_rows].clone()
+        response = call.group.run(submit)
+        out = views["o"][:call.q_rows].clone(), views["lse"][:, :call.q_rows].clone()
+        call.group.note_call(time.perf_counter() - started, response.stats)
+        return out
     finally:
         call.client.checkin_arena(arena)
 
 
 def _run_backward(call, q, k, v, o, lse, d_o):
     """dQ, dK, dV of one backward call (shapes and dtype of q, k, v)."""
+    started = time.perf_counter()
     rows, hq, d = call.rows, q.shape[1], q.shape[2]
     hkv = k.shape[1]
     qs, ks = (rows, hq, d), (rows, hkv, d)
@@ -249,9 +255,11 @@ def _run_backward(call, q, k, v, o, lse, d_o):
                 q=refs["q"], k=refs["k"], v=refs["v"], o=refs["o"], lse=refs["lse"],
                 d_o=refs["d_o"], dq=refs["dq"], dk=refs["dk"], dv=refs["dv"]))
 
-        call.group.run(submit)
-        return (views["dq"][:call.q_rows].clone(), views["dk"][:call.k_rows].clone(),
-                views["dv"][:call.k_rows].clone())
+        response = call.group.run(submit)
+        grads = (views["dq"][:call.q_rows].clone(), views["dk"][:call.k_rows].clone(),
+                 views["dv"][:call.k_rows].clone())
+        call.group.note_call(time.perf_counter() - started, response.stats)
+        return grads
     finally:
         call.client.checkin_arena(arena)
 
@@ -282,7 +290,7 @@ def resolve(group, client):
     if client is None:
         client = group.client if group is not None and group.client is not None else default_client()
     if group is None:
-        group = client.solo_group()
+        group = solo_group(client)
     return client, group
 
 

@@ -18,6 +18,22 @@ regions that are checked out for one call, returned afterwards and reused
 training loop registers a handful of regions, not one per call. A Client is
 thread-safe: concurrent calls (for instance several ranks of a group sharing
 one client) each check out their own arena.
+
+This is the bottom layer of the package: it imports no other hsap module
+(only the generated hsap.v1 protos, grpc and torch), so it holds the
+exception classes every layer raises (hsap.errors re-exports them). The
+layers above: hsap.groups (collectives), hsap.masks / attention / flash /
+plans (the calls), hsap.sharding and hsap.nn (layouts and the module),
+hsap.distributed (torchrun); tests/layering_test.py keeps them acyclic.
+
+Errors: every error the client raises is an `HsapError`, with `.code` (a
+`grpc.StatusCode`) and `.message`:
+
+* errors from the daemon keep its code and message (`INVALID_ARGUMENT` names
+  the field and values, `DEADLINE_EXCEEDED` names the missing ranks, ...);
+* problems found at the Python entry point, before anything is sent, are
+  `InvalidInputError` (code `INVALID_ARGUMENT`), which is also a `ValueError`;
+  a wrong dtype is `InvalidDTypeError`, also a `TypeError`.
 """
 
 import array
@@ -30,7 +46,6 @@ import weakref
 import grpc
 import torch
 
-from hsap.errors import HsapError, from_rpc_error
 from hsap.v1 import attention_pb2_grpc
 from hsap.v1 import cluster_pb2
 from hsap.v1 import cluster_pb2_grpc
@@ -41,6 +56,39 @@ from hsap.v1 import regions_pb2_grpc
 DEFAULT_SOCKET = "/run/hsap/hsapd.sock"
 _ALIGN = 64
 _MIN_ARENA_BYTES = 1 << 20
+
+
+class HsapError(Exception):
+    """An HSAP call failed. `code`: grpc.StatusCode; `message`: what and why."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+    def __reduce__(self):  # pickles (multiprocessing queues) with both arguments
+        return (type(self), (self.code, self.message))
+
+
+class InvalidInputError(HsapError, ValueError):
+    """An argument failed validation in the Python client (nothing was sent)."""
+
+    def __init__(self, message):
+        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+    def __reduce__(self):
+        return (type(self), (self.message,))
+
+
+class InvalidDTypeError(InvalidInputError, TypeError):
+    """A tensor has a dtype the call does not take."""
+
+
+def from_rpc_error(error):
+    """The HsapError for a grpc.RpcError raised by a stub call."""
+    code = error.code() if callable(getattr(error, "code", None)) else grpc.StatusCode.UNKNOWN
+    details = error.details() if callable(getattr(error, "details", None)) else str(error)
+    return HsapError(code, details or "")
 
 
 def _align(n):
@@ -114,7 +162,7 @@ class Client:
         self._arena_lock = threading.Lock()
         self._free_arenas = []
         self._arena_count = 0
-        self._solo_group = None
+        self._solo_group = None  # this session's one-rank Group (hsap.groups.solo_group)
         self._shared = {}  # region_id -> Region of a tensor made by empty()
         self._dead_shared = []  # region ids whose tensor was collected
         self.copied_bytes = 0  # bytes attention calls copied into arenas
@@ -277,23 +325,6 @@ class Client:
         with self._arena_lock:
             if not self._closed:
                 self._free_arenas.append(arena)
-
-    # --- attention ----------------------------------------------------------
-
-    def varlen_attn(self, q, k, v, cu_seqlens, max_seqlen, **kwargs):
-        """hsap.varlen_attn through this client (see hsap.attention)."""
-        from hsap.attention import varlen_attn
-        return varlen_attn(q, k, v, cu_seqlens, max_seqlen, client=self, **kwargs)
-
-    def solo_group(self):
-        """The one-rank group of this session (group=None in varlen_attn)."""
-        from hsap.groups import Group
-        with self._arena_lock:
-            if self._solo_group is None or self._solo_group.failed is not None:
-                gen = 0 if self._solo_group is None else self._solo_group.generation + 1
-                self._solo_group = Group(f"py-{self.session_id}-solo-{gen}", 0, 1, client=self)
-                self._solo_group.generation = gen
-            return self._solo_group
 
 
 def _status_code(value):

@@ -1,4 +1,5 @@
-"""Exceptions of the HSAP Python client.
+"""Exceptions of the HSAP Python client (defined in hsap.client, the bottom
+layer, and re-exported here under their documented names).
 
 Every error the client raises is an `HsapError`, with `.code` (a
 `grpc.StatusCode`) and `.message`:
@@ -10,31 +11,6 @@ Every error the client raises is an `HsapError`, with `.code` (a
   a wrong dtype is `InvalidDTypeError`, also a `TypeError`.
 """
 
-import grpc
+from hsap.client import HsapError, InvalidDTypeError, InvalidInputError, from_rpc_error
 
-
-class HsapError(Exception):
-    """An HSAP call failed. `code`: grpc.StatusCode; `message`: what and why."""
-
-    def __init__(self, code, message):
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
-
-
-class InvalidInputError(HsapError, ValueError):
-    """An argument failed validation in the Python client (nothing was sent)."""
-
-    def __init__(self, message):
-        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
-class InvalidDTypeError(InvalidInputError, TypeError):
-    """A tensor has a dtype the call does not take."""
-
-
-def from_rpc_error(error):
-    """The HsapError for a grpc.RpcError raised by a stub call."""
-    code = error.code() if callable(getattr(error, "code", None)) else grpc.StatusCode.UNKNOWN
-    details = error.details() if callable(getattr(error, "details", None)) else str(error)
-    return HsapError(code, details or "")
+__all__ = ["HsapError", "InvalidDTypeError", "InvalidInputError", "from_rpc_error"]

@@ -26,9 +26,9 @@ class BadInputsTest(DaemonTestCase):
         self.client.close()
 
     def call(self, q=None, k=None, v=None, cu=None, max_seqlen=44, **kwargs):
-        return self.client.varlen_attn(self.q if q is None else q, self.k if k is None else k,
-                                       self.v if v is None else v,
-                                       self.cu if cu is None else cu, max_seqlen, **kwargs)
+        return hsap.varlen_attn(self.q if q is None else q, self.k if k is None else k,
+                                self.v if v is None else v, self.cu if cu is None else cu,
+                                max_seqlen, client=self.client, **kwargs)
 
     def assertRejected(self, error_class, pieces, **call_args):
         with self.assertRaises(error_class) as ctx:
@@ -144,7 +144,7 @@ class BadInputsTest(DaemonTestCase):
                 self.call(strategy="nope")
         out = self.call()
         self.assertEqual(tuple(out.shape), (64, 4, 32))
-        self.assertEqual(self.client.solo_group().call_seq, 1)
+        self.assertEqual(hsap.groups.solo_group(self.client).call_seq, 1)
 
     def test_daemon_errors_keep_code_and_message(self):
         # 1025 heads pass the Python checks; the daemon names its limit.

@@ -29,9 +29,9 @@ class VarlenAttnTest(DaemonTestCase):
         q, k, v, d_o = random_qkv(total, hq, hkv, d, dtype, seed)
         q, k, v = (x.requires_grad_() for x in (q, k, v))
         max_seqlen = max(cu[i + 1] - cu[i] for i in range(len(cu) - 1))
-        out, lse = self.client.varlen_attn(q, k, v, torch.tensor(cu, dtype=torch.int32),
-                                           max_seqlen, softmax_scale=softmax_scale, causal=causal,
-                                           window_size=window_size, return_lse=True)
+        out, lse = hsap.varlen_attn(q, k, v, torch.tensor(cu, dtype=torch.int32), max_seqlen,
+                                    softmax_scale=softmax_scale, causal=causal,
+                                    window_size=window_size, return_lse=True, client=self.client)
         out.backward(d_o)
         self.assertEqual(out.dtype, dtype)
         self.assertEqual(tuple(out.shape), (total, hq, d))
@@ -73,13 +73,13 @@ class VarlenAttnTest(DaemonTestCase):
 
     def test_only_empty_documents(self):
         q, k, v, _ = random_qkv(0, 2, 2, 32)
-        out, lse = self.client.varlen_attn(q, k, v, [0, 0, 0], 0, return_lse=True)
+        out, lse = hsap.varlen_attn(q, k, v, [0, 0, 0], 0, return_lse=True, client=self.client)
         self.assertEqual(tuple(out.shape), (0, 2, 32))
         self.assertEqual(tuple(lse.shape), (2, 0))
 
     def test_without_grad_and_list_cu_seqlens(self):
         q, k, v, _ = random_qkv(64, 2, 2, 32)
-        out = self.client.varlen_attn(q, k, v, [0, 64], 64)
+        out = hsap.varlen_attn(q, k, v, [0, 64], 64, client=self.client)
         self.assertFalse(out.requires_grad)
         ref, _ = varlen_attn_reference(q.double(), k.double(), v.double(), [0, 64])
         self.assertLessEqual(rel_error(out, ref), FP32_TOLERANCE)
@@ -88,12 +88,12 @@ class VarlenAttnTest(DaemonTestCase):
         for tokens in (64, 64, 64, 3000, 64):
             q, k, v, d_o = random_qkv(tokens, 4, 4, 32)
             q.requires_grad_()
-            self.client.varlen_attn(q, k, v, [0, tokens], tokens).backward(d_o)
+            hsap.varlen_attn(q, k, v, [0, tokens], tokens, client=self.client).backward(d_o)
         regions = self.client.list_regions().regions
         self.assertEqual(len(regions), 1, regions)  # the grown arena replaced the first
         self.assertGreaterEqual(regions[0].size_bytes, 3000 * 4 * 32 * 4 * 9)
         # Ten calls (forward + backward each) of the session's one-rank group.
-        self.assertEqual(self.client.solo_group().call_seq, 10)
+        self.assertEqual(hsap.groups.solo_group(self.client).call_seq, 10)
 
     def test_tensors_in_shared_memory_are_not_copied(self):
         cu = [0, 30, 100]
@@ -103,7 +103,7 @@ class VarlenAttnTest(DaemonTestCase):
         v = self.client.empty((100, 2, 32))
         for dst, src in ((q, src_q), (k, src_k), (v, src_v)):
             dst.copy_(src).requires_grad_()
-        out, lse = self.client.varlen_attn(q, k, v, cu, 70, return_lse=True)
+        out, lse = hsap.varlen_attn(q, k, v, cu, 70, return_lse=True, client=self.client)
         out.backward(d_o)
         # Copied: only what does not live in shared memory — O, LSE and dO
         # into the backward call.
@@ -119,7 +119,7 @@ class VarlenAttnTest(DaemonTestCase):
         del q, k, v, out, lse, dst
         import gc
         gc.collect()
-        self.client.varlen_attn(src_q, src_k, src_v, cu, 70)
+        hsap.varlen_attn(src_q, src_k, src_v, cu, 70, client=self.client)
         self.assertEqual(len(self.client.list_regions().regions), 1)
 
     def test_module_level_call_uses_the_default_client(self):
