@@ -4,8 +4,10 @@
 //   hsapctl plans show <plan_key>      one plan (--format=json: the whole plan)
 //   hsapctl plans stats                plan cache counters
 //   hsapctl plans evict <key>... | --all
-//   hsapctl cluster                    nodes, states, heartbeats, links, devices,
-//                                      the cost profile, groups
+//   hsapctl cluster                    peers (address, incarnation, state, refs),
+//                                      heartbeats, links, devices, the cost
+//                                      profile, groups (uid, state, members,
+//                                      ranks per node, calls)
 //   hsapctl regions                    registered regions (all sessions over
 //                                      --target with the token; over the Unix
 //                                      socket only hsapctl's own session)
@@ -246,12 +248,19 @@ int RunClusterCommand(const std::vector<std::string>& args) {
         n.link_bytes_per_s() > 0
             ? absl::StrFormat("%.3g B/s %.0fus", n.link_bytes_per_s(), n.link_latency_us())
             : "-";
+    const bool self = n.node_rank() == response.self_node_rank();
     rows.push_back({absl::StrCat(n.node_rank()), n.address(),
+                    n.incarnation() == 0 ? "-" : absl::StrCat(n.incarnation()),
                     EnumWord(hsap::v1::NodeState_Name(n.state()), "NODE_STATE_"),
+                    self ? "self" : n.pinned() ? "pinned" : absl::StrCat(n.references()),
                     absl::StrFormat("%.2f", n.heartbeat_age_seconds()), n.version(), link,
                     absl::StrJoin(devices, " ")});
   }
-  PrintTable({"NODE", "ADDRESS", "STATE", "HEARTBEAT_AGE_S", "VERSION", "LINK", "DEVICES"}, rows);
+  // This daemon and its peers: the static --peers (pinned) and the members
+  // of its live groups (REFS: the groups and calls that hold the peer).
+  PrintTable({"NODE", "ADDRESS", "INCARNATION", "STATE", "REFS", "HEARTBEAT_AGE_S", "VERSION",
+              "LINK", "DEVICES"},
+             rows);
   // The cost profile: the setting, and what this daemon measured so far.
   std::printf("\ncost profile: %s\n", response.profile().c_str());
   if (response.intra_bytes_per_s() > 0) {
@@ -270,11 +279,13 @@ int RunClusterCommand(const std::vector<std::string>& args) {
   if (response.groups_size() > 0) {
     std::vector<std::vector<std::string>> groups;
     for (const auto& g : response.groups()) {
-      groups.push_back({g.name(), g.state(), absl::StrCat(g.uid()), absl::StrJoin(g.nodes(), ","),
+      groups.push_back({g.name(), absl::StrCat(g.uid()), g.state(), absl::StrJoin(g.nodes(), ","),
+                        g.ranks_per_node() > 0 ? absl::StrCat(g.ranks_per_node()) : "-",
+                        absl::StrCat(g.calls()),
                         g.profiles().empty() ? "-" : absl::StrJoin(g.profiles(), "; ")});
     }
     std::printf("\n");
-    PrintTable({"GROUP", "STATE", "UID", "NODES", "PROFILES"}, groups);
+    PrintTable({"GROUP", "UID", "STATE", "MEMBERS", "RANKS_PER_NODE", "CALLS", "PROFILES"}, groups);
   }
   return 0;
 }

@@ -204,7 +204,7 @@ void Cluster::AddCallAbortCallback(CallAbortCallback callback) {
 }
 
 void Cluster::RunNodeAbort(int32_t node, const absl::Status& reason) {
-  HSAP_LOG(WARNING) << "aborting calls with node " << node << ": " << reason;
+  HSAP_LOG(WARNING) << "aborting calls with peer " << node << ": " << reason;
   std::vector<NodeAbortCallback> callbacks;
   {
     absl::MutexLock lock(&callbacks_mu_);
@@ -231,7 +231,7 @@ void Cluster::PeerJoined(int32_t node, uint64_t incarnation, const std::string& 
     absl::MutexLock lock(&mu_);
     PeerRecord& p = StaticPeer(node);
     if (p.incarnation != 0 && p.incarnation != incarnation) {
-      restart = absl::AbortedError(absl::StrCat("node ", node, " restarted (incarnation ",
+      restart = absl::AbortedError(absl::StrCat("node ", PeerName(p), " restarted (incarnation ",
                                                 p.incarnation, " -> ", incarnation, ")"));
       p.lost = true;
       groups_.FailWithPeer(node, p.incarnation, restart);
@@ -247,23 +247,22 @@ void Cluster::PeerJoined(int32_t node, uint64_t incarnation, const std::string& 
         (p.connected_incarnation != incarnation || !worker_->NodeStatus(node).ok())) {
       // Under mu_ so that concurrent joins (its Join to us, ours to it)
       // connect once; the worker never calls back into the Cluster.
-      const absl::Status connected = worker_->Connect(node, ucx_address);
+      const absl::Status connected = worker_->Connect(node, ucx_address, PeerName(p));
       if (!connected.ok()) {
-        HSAP_LOG(WARNING) << "UCX connect to node " << node << " failed: " << connected;
+        HSAP_LOG(WARNING) << "UCX connect to " << PeerName(p) << " failed: " << connected;
         p.state = NodeState::kJoining;
         return;
       }
       p.connected_incarnation = incarnation;
     }
     if (p.state != NodeState::kUp) {
-      HSAP_LOG(INFO) << "node " << node << " (" << p.address << ") is UP, incarnation "
-                     << incarnation;
+      HSAP_LOG(INFO) << "node " << PeerName(p) << " (static node " << node << ") is UP";
     }
     p.state = NodeState::kUp;
     if (p.lost) {
       p.lost = false;
       ++epoch_;
-      HSAP_LOG(INFO) << "cluster re-formed with node " << node << ": epoch " << epoch_;
+      HSAP_LOG(INFO) << "cluster re-formed with " << PeerName(p) << ": epoch " << epoch_;
     }
   }
   if (!restart.ok()) RunNodeAbort(node, restart);
@@ -291,10 +290,12 @@ void Cluster::TickPeer(int32_t node) {
   NodeState state;
   uint64_t incarnation;
   v1::Peer::Stub* stub;
+  std::string address;  // its PeerName, for messages
   absl::Duration rpc_timeout, suspect_after, down_after;
   {
     absl::MutexLock lock(&mu_);
     PeerRecord& p = StaticPeer(node);
+    address = PeerName(p);
     state = p.state;
     incarnation = p.incarnation;
     stub = p.stub.get();
@@ -315,7 +316,7 @@ void Cluster::TickPeer(int32_t node) {
     const absl::Status valid = s.ok() ? ValidateJoinResponse(response, node, UcxCheck())
                                       : absl::OkStatus();
     if (!valid.ok()) {
-      HSAP_LOG(WARNING) << "node " << node << " answered Join with a bad field: " << valid;
+      HSAP_LOG(WARNING) << "node " << address << " answered Join with a bad field: " << valid;
     }
     if (s.ok() && valid.ok()) {
       PeerJoined(node, response.incarnation(), response.ucx_worker_address());
@@ -342,12 +343,12 @@ void Cluster::TickPeer(int32_t node) {
       p.state = NodeState::kJoining;
       p.lost = true;
       groups_.FailWithPeer(node, p.incarnation,
-                           absl::AbortedError(absl::StrCat("node ", node, " restarted")));
+                           absl::AbortedError(absl::StrCat("node ", address, " restarted")));
       p.incarnation = response.incarnation();
       p.connected_incarnation = 0;
       if (worker_ != nullptr) worker_->Disconnect(node);
     }
-    RunNodeAbort(node, absl::AbortedError(absl::StrCat("node ", node, " restarted (incarnation ",
+    RunNodeAbort(node, absl::AbortedError(absl::StrCat("node ", address, " restarted (incarnation ",
                                                        incarnation, " -> ",
                                                        response.incarnation(), ")")));
     return;
@@ -375,7 +376,7 @@ void Cluster::TickPeer(int32_t node) {
   const absl::Duration age = absl::Now() - last_heard;
   if (age > down_after) {
     MarkDown(node, absl::UnavailableError(absl::StrCat(
-                       "node ", node, " is DOWN: no heartbeat for ", absl::FormatDuration(age),
+                       "node ", address, " is DOWN: no heartbeat for ", absl::FormatDuration(age),
                        s.ok() ? "" : absl::StrCat(" (last error: ", s.error_message(), ")"))));
   }
 }
@@ -466,8 +467,8 @@ grpc::Status Cluster::OnHeartbeat(const v1::HeartbeatRequest& request,
   if (p.incarnation != request.incarnation() || p.state == NodeState::kDown ||
       p.state == NodeState::kJoining) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("node ", self_, " has not joined node ", node,
-                                     " incarnation ", request.incarnation(), ": Join first"));
+                        absl::StrCat("node ", options_.advertise_address, " has not joined node ",
+                                     p.address, "#", request.incarnation(), ": Join first"));
   }
   p.last_heard = absl::Now();
   return grpc::Status::OK;

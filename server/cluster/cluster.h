@@ -121,6 +121,8 @@ struct GroupStatus {
   GroupState state = GroupState::kForming;
   uint64_t uid = 0;
   std::vector<std::string> nodes;
+  int32_t ranks_per_node = 0;
+  uint64_t calls = 0;  // matched calls this node ran with it
   // Its settled measured profiles, "<dtype>/d<head dim> custom:...".
   std::vector<std::string> profiles;
 };
@@ -166,9 +168,12 @@ class Cluster {
   // these addresses), and returns their ids in group node order, with one
   // reference each for the call (ReleaseCallPeers gives them back). Errors
   // of GroupTable::FindOrAdd and PeerTable::Reference (--max_peers).
+  // `ranks_per_node` (group size / nodes) and the call count are kept for
+  // GroupStates.
   absl::StatusOr<std::vector<int32_t>> AcquireGroup(const std::string& group,
                                                     const std::vector<std::string>& nodes,
-                                                    int32_t node_index);
+                                                    int32_t node_index,
+                                                    int32_t ranks_per_node = 0);
   void ReleaseCallPeers(const std::vector<int32_t>& peers);
   // Forms `group` (after AcquireGroup) unless it is UP: the root waits for
   // every member's JoinGroup, a member sends JoinGroup to the root until it

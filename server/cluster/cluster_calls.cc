@@ -154,7 +154,7 @@ absl::StatusOr<std::vector<uint32_t>> Cluster::AgreePlan(const CallKey& call,
   struct Pending {
     size_t index;  // in members
     int32_t peer;
-    std::string name;  // for messages: static index or address
+    std::string name;  // for messages: PeerName
     std::shared_ptr<v1::Peer::Stub> stub;
     uint64_t incarnation;  // when the agreement started
   };
@@ -186,8 +186,7 @@ absl::StatusOr<std::vector<uint32_t>> Cluster::AgreePlan(const CallKey& call,
         recv_comm_of_node[i] = recv_comm;
         continue;
       }
-      pending.push_back(Pending{i, p->id, p->pinned ? absl::StrCat(p->id) : p->address, p->stub,
-                                p->incarnation});
+      pending.push_back(Pending{i, p->id, PeerName(*p), p->stub, p->incarnation});
     }
     request.set_node_rank(self_);
     request.set_address(options_.advertise_address);

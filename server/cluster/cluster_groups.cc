@@ -48,7 +48,8 @@ struct Cluster::HeartbeatCall {
 
 absl::StatusOr<std::vector<int32_t>> Cluster::AcquireGroup(const std::string& group,
                                                            const std::vector<std::string>& nodes,
-                                                           int32_t node_index) {
+                                                           int32_t node_index,
+                                                           int32_t ranks_per_node) {
   absl::MutexLock lock(&mu_);
   if (!started_) return absl::FailedPreconditionError("the peer layer has not started");
   if (node_index < 0 || node_index >= static_cast<int32_t>(nodes.size()) ||
@@ -102,6 +103,8 @@ absl::StatusOr<std::vector<int32_t>> Cluster::AcquireGroup(const std::string& gr
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (static_cast<int32_t>(i) != node_index) (void)peers_.Reference(nodes[i], nullptr);
   }
+  if (ranks_per_node > 0) g->ranks_per_node = ranks_per_node;
+  ++g->calls;
   return ids;
 }
 
@@ -289,7 +292,7 @@ absl::Status Cluster::LearnPeerLocked(int32_t peer, uint64_t incarnation,
   if (worker_ != nullptr && connect) {
     // Once per incarnation: Connect force-closes the endpoint, which would
     // fail every other group's transfers with this peer.
-    const absl::Status connected = worker_->Connect(peer, ucx_address);
+    const absl::Status connected = worker_->Connect(peer, ucx_address, PeerName(*p));
     if (!connected.ok()) {
       return absl::UnavailableError(
           absl::StrCat("UCX connect to ", p->address, " failed: ", connected.message()));
@@ -297,8 +300,7 @@ absl::Status Cluster::LearnPeerLocked(int32_t peer, uint64_t incarnation,
     p->connected_incarnation = incarnation;
   }
   if (p->state != NodeState::kUp) {
-    HSAP_LOG(INFO) << "peer " << p->address << " (id " << peer << ") is UP, incarnation "
-                   << incarnation;
+    HSAP_LOG(INFO) << "peer " << PeerName(*p) << " is UP (local id " << peer << ")";
   }
   p->state = NodeState::kUp;
   p->last_heard = absl::Now();
@@ -375,6 +377,8 @@ std::vector<GroupStatus> Cluster::GroupStates() const {
     s.name = g->name;
     s.state = g->state;
     s.uid = g->uid;
+    s.ranks_per_node = g->ranks_per_node;
+    s.calls = g->calls;
     for (const GroupMember& m : g->members) s.nodes.push_back(m.address);
     for (const auto& [key, profile] : g->profiles) {
       s.profiles.push_back(absl::StrCat(DTypeName(static_cast<DType>(key.first)), "/d",
@@ -468,7 +472,7 @@ void Cluster::LivenessTick(grpc::CompletionQueue* cq, absl::flat_hash_set<Heartb
     }
     std::vector<int32_t> close;
     for (auto& gone : peers_.TakeExpired(now, options_.peer_linger, &close)) {
-      HSAP_LOG(INFO) << "peer " << gone->address << " (id " << gone->id
+      HSAP_LOG(INFO) << "peer " << PeerName(*gone) << " (local id " << gone->id
                      << ") released: no live group uses it (its UCX endpoint stays parked)";
     }
     for (int32_t id : close) {

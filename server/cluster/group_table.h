@@ -47,6 +47,10 @@ struct GroupEntry {
   GroupState state = GroupState::kForming;
   absl::Status failure;  // why, when FAILED
   bool forming = false;  // a local rank thread drives the formation
+  // Ranks on each member node (group size / nodes) and the matched calls
+  // this node ran with it (Cluster::AcquireGroup), for operators.
+  int32_t ranks_per_node = 0;
+  uint64_t calls = 0;
   // Measured profiles its plans use, by (dtype, head dim) (Cluster::GroupProfile).
   std::map<std::pair<int, int32_t>, std::string> profiles;
 

@@ -6,6 +6,10 @@
 
 namespace hsap::cluster {
 
+std::string PeerName(const PeerRecord& peer) {
+  return peer.incarnation == 0 ? peer.address : absl::StrCat(peer.address, "#", peer.incarnation);
+}
+
 const char* NodeStateName(NodeState state) {
   switch (state) {
     case NodeState::kJoining: return "JOINING";

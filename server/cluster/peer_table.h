@@ -65,6 +65,10 @@ struct PeerRecord {
   LinkFigures link;
 };
 
+// How logs and errors name a peer: "<address>#<incarnation>" (the
+// incarnation once known), the same on every daemon, unlike its local id.
+std::string PeerName(const PeerRecord& peer);
+
 class PeerTable {
  public:
   // At most `max_peers` run-time peers at once (hsapd --max_peers).

@@ -132,7 +132,8 @@ CallMatcher::ResourceFactory CallResources(const CallRunnerOptions& options) {
         // Declared by its members: its peers by address (the group's entry
         // and one reference each for this call).
         const int32_t rpn = group_size / num_nodes;
-        auto peers = options.cluster->AcquireGroup(a.group, a.members, a.local_ranks.front() / rpn);
+        auto peers =
+            options.cluster->AcquireGroup(a.group, a.members, a.local_ranks.front() / rpn, rpn);
         if (!peers.ok()) {
           r->setup = peers.status();
           return r;

@@ -3,12 +3,12 @@
 // docs/planner.md, "Measured profiles").
 //
 // Compute: the first time a plan needs a (dtype, head dim), a short causal
-// attention run — forward four times, backward three times, one head of N
-// tokens with N chosen so that a forward is about 32 MFLOP — on every
-// device slot at the same time, so that slots that share cores are
-// measured sharing them. The forward rate is the mean over slots of
-// 4 * D * area / (median forward, the first of each a warm-up);
-// backward_factor is the median backward's time over the median
+// attention run — one head of N tokens with N chosen so that a forward is
+// about 32 MFLOP; forward, then backward, each one warm-up and then runs
+// over a 20 ms window (2 to 64 runs, their mean) — on every device slot at
+// the same time, so that slots that share cores are measured sharing them.
+// The forward rate is the mean over slots of 4 * D * area / (mean
+// forward); backward_factor is the mean backward's time over the mean
 // forward's. Both are rounded to three significant digits and cached for
 // the daemon's life (at most kMaxEntries head dims per dtype; beyond them
 // the nearest one measured serves).

@@ -87,6 +87,8 @@ grpc::Status ClusterService::GetClusterStatus(grpc::ServerContext* context,
     group->set_name(g.name);
     group->set_state(cluster::GroupStateName(g.state));
     group->set_uid(g.uid);
+    group->set_ranks_per_node(g.ranks_per_node);
+    group->set_calls(g.calls);
     for (const std::string& n : g.nodes) group->add_nodes(n);
     for (const std::string& p : g.profiles) group->add_profiles(p);
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/transport/ucx_status.h"
@@ -41,6 +42,26 @@ std::string EagerRndvThresh(absl::string_view transports) {
   return tcp ? "inf" : "";
 }
 
+bool TransportInUse(absl::string_view transports, absl::string_view name) {
+  static constexpr absl::string_view kSharedMemory[] = {"posix", "sysv", "cma", "knem", "xpmem"};
+  const bool shared_memory =
+      std::find(std::begin(kSharedMemory), std::end(kSharedMemory), name) != std::end(kSharedMemory);
+  transports = absl::StripAsciiWhitespace(transports);
+  bool exclusion = false;
+  if (absl::ConsumePrefix(&transports, "^") || absl::ConsumePrefix(&transports, "\\")) {
+    exclusion = true;
+  }
+  bool named = false;
+  bool any = transports.empty();
+  for (absl::string_view t : absl::StrSplit(transports, ',', absl::SkipEmpty())) {
+    t = absl::StripAsciiWhitespace(t);
+    if (t == "all") any = true;
+    if (t == name || (shared_memory && (t == "sm" || t == "shm"))) named = true;
+  }
+  if (exclusion) return !named;
+  return any || named;
+}
+
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxWorkerOptions& options) {
   std::unique_ptr<UcxWorker> self(new UcxWorker());
   // Shared-memory transports take part in peer error handling only when
@@ -48,9 +69,14 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxWorkerOpti
   // reach ("invalid configurations"); without them UCP refuses posix/sysv
   // for our endpoints (UCP_ERR_HANDLING_MODE_PEER) and falls back to tcp even
   // within a node. The environment is the only way in; an operator's own
-  // value wins (overwrite = 0). Runs before any UCX context reads it.
-  ::setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-  ::setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+  // value wins (overwrite = 0). Runs before any UCX context reads it. Only
+  // for the transports in use: UCX warns about every variable it did not use.
+  const char* env_transports = std::getenv("UCX_TLS");
+  const std::string in_use = !options.transports.empty() ? options.transports
+                             : env_transports != nullptr ? env_transports
+                                                         : "";
+  if (TransportInUse(in_use, "posix")) ::setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+  if (TransportInUse(in_use, "sysv")) ::setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
   ucp_config_t* config = nullptr;
   HSAP_UCX_RETURN_IF_ERROR(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   struct ConfigReleaser {
@@ -117,7 +143,7 @@ void UcxWorker::OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status)
   // Runs inside ucp_worker_progress or ucp_ep_close_nbx, hence under mu_.
   auto* connection = static_cast<Connection*>(arg);
   connection->error = absl::UnavailableError(
-      absl::StrCat("UCX endpoint to node ", connection->node,
+      absl::StrCat("UCX endpoint to ", connection->name,
                    " failed: ", ucs_status_string(status), " (UCS ", static_cast<int>(status),
                    "); the peer daemon died or is unreachable"));
   HSAP_LOG(WARNING) << connection->error.message();
@@ -128,9 +154,12 @@ absl::Status UcxWorker::ValidatePeerAddress(absl::string_view address) const {
   return ValidatePeerUcxAddress(address, layout_);
 }
 
-absl::Status UcxWorker::Connect(int32_t node, absl::string_view address) {
+absl::Status UcxWorker::Connect(int32_t node, absl::string_view address,
+                                absl::string_view peer_name) {
+  const std::string name =
+      peer_name.empty() ? absl::StrCat("node ", node) : std::string(peer_name);
   if (address.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("empty UCX worker address for node ", node));
+    return absl::InvalidArgumentError(absl::StrCat("empty UCX worker address for ", name));
   }
   // UCX trusts the bytes (it aborts on a bad version, reads past the end):
   // nothing reaches ucp_ep_create unchecked.
@@ -138,6 +167,7 @@ absl::Status UcxWorker::Connect(int32_t node, absl::string_view address) {
   auto connection = std::make_unique<Connection>();
   connection->worker = this;
   connection->node = node;
+  connection->name = name;
   ucp_ep_params_t params = {};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -156,7 +186,7 @@ absl::Status UcxWorker::Connect(int32_t node, absl::string_view address) {
     CloseLocked(std::move(previous));
   }
   HSAP_UCX_RETURN_IF_ERROR(ucp_ep_create(worker_, &params, &connection->ep),
-                           absl::StrCat("ucp_ep_create(node ", node, ")"));
+                           absl::StrCat("ucp_ep_create(", name, ")"));
   connections_[node] = std::move(connection);
   ++generations_[node];
   return absl::OkStatus();
@@ -186,7 +216,7 @@ void UcxWorker::CloseLocked(std::unique_ptr<Connection> connection) {
       ucp_worker_progress(worker_);
     }
     if (ucp_request_check_status(request) == UCS_INPROGRESS) {
-      HSAP_LOG(WARNING) << "closing the UCX endpoint to node " << connection->node
+      HSAP_LOG(WARNING) << "closing the UCX endpoint to " << connection->name
                         << " did not finish in 5 s; leaving it to UCX";
       // The error handler may still run: keep its argument alive.
       connection.release();  // NOLINT: deliberately leaked (tiny), see above

@@ -75,6 +75,14 @@ struct UcxWorkerOptions {
 // what the plan has the peer send (docs/reliability.md).
 std::string EagerRndvThresh(absl::string_view transports);
 
+// Whether UCX may use the transport `name` ("posix", "sysv", ...) under the
+// list `transports` (UCX_TLS syntax): an empty list, "all", or an exclusion
+// list ("^tcp" / "\\tcp") that does not name it allow everything; "sm" and
+// "shm" stand for UCX's shared-memory transports (posix, sysv, cma, knem,
+// xpmem). The daemon sets a transport's UCX variables only when it is in
+// use (hsapd --ucx_transports=tcp sets none, and UCX warns of none unused).
+bool TransportInUse(absl::string_view transports, absl::string_view name);
+
 class UcxWorker {
  public:
   // Creates the context (UCP_FEATURE_TAG) and the worker.
@@ -109,7 +117,10 @@ class UcxWorker {
   // memory). Replaces (force-closes) an existing endpoint to that node: the
   // way to re-form after the peer restarted. Wire-up completes lazily, when
   // both sides progress. Thread-safe.
-  absl::Status Connect(int32_t node, absl::string_view address);
+  // `peer_name` names the peer in errors and logs (the cluster passes
+  // "<address>#<incarnation>"); empty: "node <node>".
+  absl::Status Connect(int32_t node, absl::string_view address,
+                       absl::string_view peer_name = {});
 
   // Force-closes the endpoint to `node`, if any. Thread-safe.
   void Disconnect(int32_t node);
@@ -140,6 +151,7 @@ class UcxWorker {
   struct Connection {
     UcxWorker* worker = nullptr;
     int32_t node = 0;
+    std::string name;  // for errors and logs
     ucp_ep_h ep = nullptr;
     absl::Status error;  // set by the error handler, under mu_ (it runs inside progress)
   };

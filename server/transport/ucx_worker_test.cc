@@ -27,6 +27,36 @@ TEST(EagerRndvThreshTest, RdmaUnnamedOrNoNetworkKeepsUcxsThreshold) {
   EXPECT_EQ(EagerRndvThresh("\\tcp"), "");  // UCX_TLS's exclusion syntax: not only tcp
 }
 
+TEST(TransportInUseTest, NamedAliasedAllOrNotExcluded) {
+  EXPECT_TRUE(TransportInUse("", "posix"));  // UCX's choice: anything
+  EXPECT_TRUE(TransportInUse("all", "sysv"));
+  EXPECT_TRUE(TransportInUse("posix,sysv,cma,self", "posix"));
+  EXPECT_TRUE(TransportInUse("tcp, sysv", "sysv"));
+  EXPECT_TRUE(TransportInUse("sm,tcp", "posix"));
+  EXPECT_TRUE(TransportInUse("shm", "sysv"));
+  EXPECT_TRUE(TransportInUse("^tcp", "posix"));
+  EXPECT_FALSE(TransportInUse("tcp", "posix"));
+  EXPECT_FALSE(TransportInUse("tcp,self", "sysv"));
+  EXPECT_FALSE(TransportInUse("sm", "tcp"));
+  EXPECT_FALSE(TransportInUse("^posix,tcp", "posix"));
+  EXPECT_FALSE(TransportInUse("\\sm", "sysv"));
+}
+
+TEST(UcxWorkerEnvironmentTest, SetsOnlyTheVariablesOfTransportsInUse) {
+  ::unsetenv("UCX_POSIX_ERROR_HANDLING");
+  ::unsetenv("UCX_SYSV_ERROR_HANDLING");
+  auto tcp = UcxWorker::Create({.transports = "tcp"});
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  EXPECT_EQ(std::getenv("UCX_POSIX_ERROR_HANDLING"), nullptr);
+  EXPECT_EQ(std::getenv("UCX_SYSV_ERROR_HANDLING"), nullptr);
+  auto posix = UcxWorker::Create({.transports = "posix,cma,self"});
+  ASSERT_TRUE(posix.ok()) << posix.status();
+  ASSERT_NE(std::getenv("UCX_POSIX_ERROR_HANDLING"), nullptr);
+  EXPECT_STREQ(std::getenv("UCX_POSIX_ERROR_HANDLING"), "y");
+  EXPECT_EQ(std::getenv("UCX_SYSV_ERROR_HANDLING"), nullptr);
+  ::unsetenv("UCX_POSIX_ERROR_HANDLING");
+}
+
 class UcxWorkerRndvTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_EQ(std::getenv("UCX_RNDV_THRESH"), nullptr); }

@@ -8,8 +8,12 @@
 # tested. The repository is found from a runfile that is a source file
 # (README.md): readlink -f leads into the source tree, then git rev-parse.
 # The inner Bazel gets its own --output_user_root under $TEST_TMPDIR and no
-# ~/.bazelrc (no shared disk cache: a cold build, as on a fresh machine); its
-# server is shut down and its outputs removed at the end, pass or fail.
+# ~/.bazelrc: a cold build, as on a fresh machine, unless
+# HSAP_BAZEL_DISK_CACHE names a Bazel disk cache (command two passes the one
+# its plain stage just filled, so the clone's build reuses those actions:
+# their keys are content hashes, so a file the commit lacks still fails the
+# build, and an uncommitted change is rebuilt from the commit's sources).
+# Its server is shut down and its outputs removed at the end, pass or fail.
 # Prints how long the clone, the build and the demo took.
 set -euo pipefail
 readme=$(readlink -f "${TEST_SRCDIR:?run this under bazel test}/hsap/README.md")
@@ -20,10 +24,17 @@ root="$tmp/bazel-root"
 empty="$tmp/empty"
 mkdir -p "$empty" "$tmp/bin"
 
-# `bazel` for command one: its own output root, no user rc file.
+# `bazel` for command one: its own output root, no user rc file; the disk
+# cache, when there is one, through an rc file of its own.
+rc=()
+if [ -n "${HSAP_BAZEL_DISK_CACHE:-}" ]; then
+  echo "build --disk_cache=$HSAP_BAZEL_DISK_CACHE" >"$tmp/disk_cache.bazelrc"
+  rc=(--bazelrc="$tmp/disk_cache.bazelrc")
+  echo "fresh_clone_test: the inner build reads the disk cache $HSAP_BAZEL_DISK_CACHE"
+fi
 cat >"$tmp/bin/bazel" <<WRAPPER
 #!/bin/sh
-exec /usr/bin/bazel --nohome_rc --output_user_root="$root" "\$@"
+exec /usr/bin/bazel --nohome_rc ${rc[*]:-} --output_user_root="$root" "\$@"
 WRAPPER
 chmod +x "$tmp/bin/bazel"
 export PATH="$tmp/bin:$PATH"

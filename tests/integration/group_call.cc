@@ -156,6 +156,7 @@ absl::StatusOr<GroupResult> RunGroup(const GlobalProblem& p, const GroupSpec& sp
     if (!st.ok() && first_error.ok()) first_error = st;
   }
   if (!first_error.ok()) return first_error;
+  if (spec.while_open) spec.while_open();
   GroupResult out;
   // Sized from the shapes: the problem may carry no reference.
   out.o.resize(total * hq * d);

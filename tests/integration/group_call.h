@@ -72,6 +72,9 @@ struct GroupSpec {
   int32_t missing_rank = -1;
   // When set, receives every calling rank's status (in rank order).
   std::vector<absl::Status>* statuses = nullptr;
+  // When set, called once every rank's calls succeeded, before the ranks'
+  // sessions close (so the group is still live in the daemons).
+  std::function<void()> while_open;
 };
 
 // Runs forward (call_seq first) and backward (first + 1). The status is the

@@ -20,6 +20,7 @@
 #include "hsap/v1/cluster.pb.h"
 #include "hsap/v1/plans.pb.h"
 #include "hsap/v1/regions.pb.h"
+#include "tests/integration/group_call.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/test_daemon.h"
 
@@ -197,6 +198,71 @@ TEST_F(HsapctlTest, ClusterAndAuthenticationErrors) {
   EXPECT_EQ(usage.exit_code, 2);
   const CtlRun format = Hsapctl({"plans", "list", Socket(), "--format=yaml"});
   EXPECT_EQ(format.exit_code, 2);
+}
+
+// `hsapctl cluster` on node 0 of two daemons while two run-time groups of
+// them are live: the groups table (name, uid, state, members, ranks per
+// node, calls) and the peers table (address, incarnation, state, refs).
+TEST(HsapctlClusterTest, ShowsLiveGroupsAndPeers) {
+  auto cluster = testing::LocalCluster::StartWithoutPeers(
+      2, 2, {"--cpu_threads=1", "--ucx_transports=tcp", "--peer_linger_ms=300"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const testing::GlobalProblem p =
+      testing::MakeProblem({0, 5, 90, 150}, true, 7, /*with_reference=*/false);
+  auto declared = [&](const std::string& name, int32_t rpn) {
+    testing::GroupSpec spec;
+    spec.group = name;
+    spec.nodes = 2;
+    spec.devices_per_node = rpn;
+    spec.sockets = (*cluster)->sockets();
+    spec.member_addresses = {(*cluster)->address(0), (*cluster)->address(1)};
+    spec.strategy = hsap::v1::STRATEGY_SAP;
+    spec.deadline_ms = 20000;
+    return spec;
+  };
+  const std::string socket = "--socket=" + (*cluster)->sockets()[0];
+  CtlRun table, json;
+  testing::GroupSpec two = declared("job-two", 2);
+  two.while_open = [&] {
+    table = Hsapctl({"cluster", socket});
+    json = Hsapctl({"cluster", socket, "--format=json"});
+  };
+  testing::GroupSpec one = declared("job-one", 1);
+  one.while_open = [&] {  // job-one stays live while job-two runs
+    auto r = testing::RunGroup(p, two);
+    EXPECT_TRUE(r.ok()) << r.status();
+  };
+  auto r = testing::RunGroup(p, one);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(table.exit_code, 0) << table.out;
+  std::printf("%s", table.out.c_str());
+  const auto status = ParseJson<hsap::v1::GetClusterStatusResponse>(json);
+  ASSERT_EQ(status.groups_size(), 2) << json.out;
+  const std::string members =
+      absl::StrCat((*cluster)->address(0), ",", (*cluster)->address(1));
+  for (const auto& g : status.groups()) {
+    const int32_t rpn = g.name() == "job-one" ? 1 : 2;
+    EXPECT_EQ(g.ranks_per_node(), rpn) << g.name();
+    EXPECT_EQ(g.calls(), 2u) << g.name();  // forward and backward
+    EXPECT_EQ(g.state(), "UP") << g.name();
+    EXPECT_NE(g.uid(), 0u) << g.name();
+    // A row: GROUP UID STATE MEMBERS RANKS_PER_NODE CALLS PROFILES.
+    EXPECT_THAT(table.out, ::testing::ContainsRegex(absl::StrCat(
+                               g.name(), " +", g.uid(), " +UP +", members, " +", rpn, " +2 ")));
+  }
+  EXPECT_THAT(table.out, HasSubstr("GROUP"));
+  EXPECT_THAT(table.out, HasSubstr("RANKS_PER_NODE"));
+  // Node 1 as a peer: its address, incarnation, UP, referenced by both groups.
+  const hsap::v1::NodeInfo* peer = nullptr;
+  for (const auto& n : status.nodes()) {
+    if (n.address() == (*cluster)->address(1)) peer = &n;
+  }
+  ASSERT_NE(peer, nullptr) << json.out;
+  EXPECT_NE(peer->incarnation(), 0u);
+  EXPECT_GE(peer->references(), 2u);
+  EXPECT_THAT(table.out, ::testing::ContainsRegex(absl::StrCat(
+                             (*cluster)->address(1), " +", peer->incarnation(), " +up +",
+                             peer->references(), " ")));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // How much of a long sweep a test runs under a sanitizer (docs/reliability.md,
-// "Sanitizers"). Sanitized code runs 5-30x slower, so command two could not
+// "Where tests run"). Sanitized code runs 5-30x slower, so command two could not
 // run every sweep of random cases and configurations three times within CI's
 // time. A sweep asks Keeps(i) of its i-th case: the plain build keeps every
 // case; a sanitized build keeps one case in `stride`, the same cases on
