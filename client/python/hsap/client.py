@@ -238,6 +238,11 @@ class Client:
     def plans_dispatch(self, request):
         return self._call(self._plans.Dispatch, request)
 
+    def show_plan(self, request):
+        """Plans.ShowPlan (a plans_pb2.ShowPlanRequest): NOT_FOUND for a key
+        the daemon has not cached."""
+        return self._call(self._plans.ShowPlan, request)
+
     def cluster_status(self):
         """The daemon's GetClusterStatusResponse (this node and, on a
         cluster, every node with its TCP address and state)."""

@@ -132,7 +132,8 @@ class Group:
         nodes ordered by their first pg rank, equal ranks per node, local
         ranks ordered by device slot (local_slot, else $LOCAL_RANK, else pg
         rank), rank = node_index * ranks_per_node + local rank (may differ
-        from the pg rank: then use group.rank for hsap.dispatch's layout).
+        from the pg rank: hsap.shard and hsap.dispatch(group=...) take the
+        rank from the group).
         name=None: a new name ("pg-<uuid>", drawn by pg rank 0) for each
         formation; a name given must be the same on every rank. address:
         this daemon's TCP address, else $HSAP_ADDRESS, else asked from the
