@@ -47,19 +47,49 @@ void InitCivetwebOnce() {
   std::call_once(once, [] { mg_init_library(0); });
 }
 
-int SendText(mg_connection* conn, int status, const char* reason, const std::string& body,
-             const char* extra_headers) {
+int Send(mg_connection* conn, int status, const char* reason, const char* content_type,
+         const std::string& body, const char* extra_headers) {
   mg_printf(conn,
             "HTTP/1.1 %d %s\r\n"
             "Content-Type: %s\r\n"
             "Content-Length: %zu\r\n"
             "%s"
             "Connection: close\r\n\r\n",
-            status, reason,
-            status == 200 ? kTextContentType : "text/plain; charset=utf-8", body.size(),
-            extra_headers);
+            status, reason, content_type, body.size(), extra_headers);
   if (!body.empty()) mg_write(conn, body.data(), body.size());
   return status;
+}
+
+int SendText(mg_connection* conn, int status, const char* reason, const std::string& body,
+             const char* extra_headers) {
+  return Send(conn, status, reason,
+              status == 200 ? kTextContentType : "text/plain; charset=utf-8", body, extra_headers);
+}
+
+// Pages may run their own inline script and style, and fetch nothing.
+constexpr char kPageHeaders[] =
+    "Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'\r\n"
+    "X-Content-Type-Options: nosniff\r\n"
+    "Referrer-Policy: no-referrer\r\n"
+    "Cache-Control: no-store\r\n";
+
+const char* Reason(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+  }
+  return "Status";
+}
+
+bool UnderPrefix(const std::string& uri, const std::string& prefix) {
+  return uri.compare(0, prefix.size(), prefix) == 0 &&
+         (uri.size() == prefix.size() || uri[prefix.size()] == '/');
 }
 
 }  // namespace
@@ -130,6 +160,11 @@ void Exposer::RemoveCollectable(const Collectable* collectable) {
                       collectables_.end());
 }
 
+void Exposer::AddPages(const std::string& prefix, PageHandler handler) {
+  absl::MutexLock lock(&mu_);
+  pages_.push_back({prefix, std::move(handler)});
+}
+
 std::string Exposer::Scrape() const {
   std::string body;
   // Held across the collection, so that RemoveCollectable waits for it.
@@ -143,13 +178,27 @@ std::string Exposer::Scrape() const {
 int Exposer::HandleRequest(mg_connection* conn, void* self) {
   const mg_request_info* request = mg_get_request_info(conn);
   const char* uri = request->local_uri != nullptr ? request->local_uri : "";
+  const Exposer* exposer = static_cast<const Exposer*>(self);
   if (std::strcmp(uri, kMetricsPath) != 0) {
+    // Held across the handler, like a scrape.
+    absl::ReaderMutexLock lock(&exposer->mu_);
+    for (const Pages& pages : exposer->pages_) {
+      if (!UnderPrefix(uri, pages.prefix)) continue;
+      if (request->request_method == nullptr ||
+          std::strcmp(request->request_method, "GET") != 0) {
+        return SendText(conn, 405, "Method Not Allowed", "only GET is allowed\n",
+                        "Allow: GET\r\n");
+      }
+      const HttpPage page = pages.handler(uri);
+      return Send(conn, page.status, Reason(page.status), page.content_type.c_str(), page.body,
+                  kPageHeaders);
+    }
     return SendText(conn, 404, "Not Found", "not found; metrics are at /metrics\n", "");
   }
   if (request->request_method == nullptr || std::strcmp(request->request_method, "GET") != 0) {
     return SendText(conn, 405, "Method Not Allowed", "only GET is allowed\n", "Allow: GET\r\n");
   }
-  return SendText(conn, 200, "OK", static_cast<const Exposer*>(self)->Scrape(), "");
+  return SendText(conn, 200, "OK", exposer->Scrape(), "");
 }
 
 int Exposer::LogMessage(const mg_connection* /*conn*/, const char* message) {

@@ -1,5 +1,6 @@
 // Serves the text exposition format over HTTP (prometheus-cpp's Exposer),
-// with civetweb.
+// with civetweb, and the pages other parts register under a path prefix
+// (hsapd: the plan viewer under /plans, server/viewer/plans_http.h).
 //
 // Slow and idle clients: keep-alive is off (one request per connection),
 // and a connection that does not progress for request_timeout_ms is
@@ -8,7 +9,12 @@
 //   GET /metrics       200, Content-Type: text/plain; version=0.0.4;
 //                      charset=utf-8, the families of every registered
 //                      Collectable in registration order
-//   other method       405 (with Allow: GET) on /metrics
+//   GET <prefix>, GET <prefix>/...
+//                      what the handler registered with AddPages(prefix)
+//                      answers; text/html answers carry a
+//                      Content-Security-Policy that lets the page fetch
+//                      nothing
+//   other method       405 (with Allow: GET) on /metrics and the pages
 //   any other path     404
 //
 // The server runs on civetweb's own threads (ExposerOptions::num_threads)
@@ -24,6 +30,7 @@
 #ifndef HSAP_SERVER_METRICS_HTTP_EXPOSER_H_
 #define HSAP_SERVER_METRICS_HTTP_EXPOSER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +61,16 @@ struct ExposerOptions {
   int request_timeout_ms = 2000;
 };
 
+// A page handler's answer.
+struct HttpPage {
+  int status = 200;
+  std::string content_type = "text/html; charset=utf-8";
+  std::string body;
+};
+// Answers GET `path` (the request's decoded path, without the query).
+// Called on civetweb's threads, concurrently: must be thread-safe.
+using PageHandler = std::function<HttpPage(const std::string& path)>;
+
 class Exposer {
  public:
   // Starts serving. INVALID_ARGUMENT for a malformed bind_address or
@@ -75,6 +92,12 @@ class Exposer {
   // destroy `collectable` once this returns. Thread-safe.
   void RemoveCollectable(const Collectable* collectable) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Serves GET `prefix` (e.g. "/plans") and every path below it
+  // ("/plans/...") with `handler`. Thread-safe. REQUIRES: `prefix` starts
+  // with '/', does not end with one, is not "/metrics" and is not added
+  // twice; what `handler` refers to outlives this Exposer.
+  void AddPages(const std::string& prefix, PageHandler handler) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The TCP port actually bound (the chosen one when asked for port 0).
   int port() const { return port_; }
 
@@ -90,6 +113,11 @@ class Exposer {
   int port_ = 0;
   mutable absl::Mutex mu_;
   std::vector<const Collectable*> collectables_ ABSL_GUARDED_BY(mu_);
+  struct Pages {
+    std::string prefix;
+    PageHandler handler;
+  };
+  std::vector<Pages> pages_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hsap::metrics

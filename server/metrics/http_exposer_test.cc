@@ -174,6 +174,53 @@ int HalfRequest(int port) {
 // Idle clients that send half a request header used to hold both of
 // civetweb's threads for 10 s each: a scrape behind four of them took more
 // than 13 s.
+// Pages under a prefix: the handler's answer with the page headers (a
+// policy that lets the page fetch nothing); GET only; the prefix and paths
+// below it, nothing beside it; /metrics unchanged.
+TEST(ExposerPagesTest, PrefixPagesAnswerGetWithTheHandlersPage) {
+  std::unique_ptr<Exposer> exposer = StartOrDie();
+  ASSERT_NE(exposer, nullptr);
+  std::atomic<int> calls{0};
+  exposer->AddPages("/plans", [&calls](const std::string& path) {
+    ++calls;
+    HttpPage page;
+    if (path == "/plans/missing") {
+      page.status = 404;
+      page.content_type = "text/plain; charset=utf-8";
+    }
+    page.body = "<p>" + path + "</p>";
+    return page;
+  });
+  for (const char* path : {"/plans", "/plans/", "/plans/abc"}) {
+    absl::StatusOr<HttpResponse> r = HttpRequest(exposer->port(), "GET", path);
+    ASSERT_TRUE(r.ok()) << path << ": " << r.status();
+    EXPECT_EQ(r->status_code, 200) << path;
+    EXPECT_EQ(r->body, std::string("<p>") + path + "</p>");
+    EXPECT_EQ(r->Header("Content-Type"), "text/html; charset=utf-8");
+    EXPECT_EQ(r->Header("Content-Security-Policy").rfind("default-src 'none';", 0), 0u)
+        << r->headers;
+    EXPECT_EQ(r->Header("X-Content-Type-Options"), "nosniff");
+    EXPECT_EQ(r->Header("Cache-Control"), "no-store");
+  }
+  absl::StatusOr<HttpResponse> missing = HttpRequest(exposer->port(), "GET", "/plans/missing");
+  ASSERT_TRUE(missing.ok()) << missing.status();
+  EXPECT_EQ(missing->status_code, 404);
+  EXPECT_EQ(missing->Header("Content-Type"), "text/plain; charset=utf-8");
+  const int before = calls.load();
+  absl::StatusOr<HttpResponse> post = HttpRequest(exposer->port(), "POST", "/plans");
+  ASSERT_TRUE(post.ok()) << post.status();
+  EXPECT_EQ(post->status_code, 405);
+  EXPECT_EQ(post->Header("Allow"), "GET");
+  absl::StatusOr<HttpResponse> beside = HttpRequest(exposer->port(), "GET", "/plansx");
+  ASSERT_TRUE(beside.ok()) << beside.status();
+  EXPECT_EQ(beside->status_code, 404);
+  EXPECT_EQ(calls.load(), before);
+  absl::StatusOr<HttpResponse> metrics = HttpRequest(exposer->port(), "GET", "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ(metrics->status_code, 200);
+  EXPECT_EQ(metrics->Header("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+}
+
 TEST(ExposerSlowClientsTest, IdleHalfRequestsDoNotBlockAScrape) {
   Registry registry;
   BuildCounter().Name("up_total").Help("Up.").Register(registry).Add({}).Increment(1);
