@@ -19,6 +19,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/cluster/node_address.h"
 #include "server/plan/cost_model.h"
+#include "server/viewer/plans_http.h"
 
 namespace hsap {
 
@@ -174,6 +175,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     d->exposer_ = std::move(exposer).value();
     d->collect_ = std::make_unique<RefreshingCollectable>(d->state_.get());
     d->exposer_->RegisterCollectable(d->collect_.get());
+    if (options.plan_pages) {
+      // Read-only views of the plan cache (Show/List count no hits).
+      const plan::PlanCache* plans = &d->state_->plans;
+      const std::string origin = absl::StrCat(
+          "hsapd ",
+          resolved.advertise_address.empty() ? options.socket_path : resolved.advertise_address,
+          ", plan cache");
+      d->exposer_->AddPages(std::string(viewer::kPlansPath),
+                            [plans, origin](const std::string& path) {
+                              viewer::HttpAnswer a = viewer::ServePlansPath(*plans, path, origin);
+                              return metrics::HttpPage{a.status, std::move(a.content_type),
+                                                       std::move(a.body)};
+                            });
+    }
   }
   d->state_->limits.max_group_size = num_nodes * options.cpu_devices;
   if (num_nodes > 1) {
@@ -224,9 +239,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                         options.tcp_token.empty() ? " (no token)" : " (token)")
                          : std::string(", tcp off"))
                  << "; devices cpu:" << options.cpu_devices << ", " << threads << " kernel threads"
-                 << (d->exposer_ != nullptr ? absl::StrCat("; metrics http://", options.metrics_host,
-                                                           ":", d->exposer_->port(), "/metrics")
-                                            : std::string());
+                 << (d->exposer_ != nullptr
+                         ? absl::StrCat("; metrics http://", options.metrics_host, ":",
+                                        d->exposer_->port(), "/metrics",
+                                        options.plan_pages ? ", plans /plans" : "")
+                         : std::string());
   return d;
 }
 

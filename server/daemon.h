@@ -52,6 +52,9 @@ struct DaemonOptions {
   // Prometheus /metrics over HTTP; port 0 = off.
   std::string metrics_host = "127.0.0.1";
   int metrics_port = 0;
+  // The plan viewer on the same port: /plans (the plan cache) and
+  // /plans/<key> (a plan's page; server/viewer/plans_http.h).
+  bool plan_pages = true;
   // The peer layer is on whenever tcp_port > 0: groups form at run time
   // between the daemons their calls name. peers, optional: a static
   // cluster, every node's TCP host:port in node order (empty or one entry:

@@ -30,8 +30,13 @@ ABSL_FLAG(std::string, token_file, "",
           "file holding the shared token that every TCP call (peers, operators) must carry as "
           "'authorization: Bearer <token>'; the file must not be accessible to group or others "
           "(mode 0600/0400). Empty: TCP calls are not authenticated (a warning is logged)");
-ABSL_FLAG(int, metrics_port, 0, "HTTP port serving Prometheus /metrics; 0 = off");
-ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address of the /metrics endpoint");
+ABSL_FLAG(int, metrics_port, 0,
+          "HTTP port serving Prometheus /metrics and the plan viewer (/plans); 0 = off");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "address of the HTTP port (/metrics, /plans); it has no authentication");
+ABSL_FLAG(bool, plan_pages, true,
+          "serve the plan viewer on the metrics port: /plans (the plan cache) and /plans/<key> "
+          "(a plan's page: document boundaries, assignment, statistics; no tensor data)");
 ABSL_FLAG(std::string, devices, "cpu:1", "device slots of this node: cpu:N");
 ABSL_FLAG(int, cpu_threads, 0, "threads for the CPU kernels; 0 = one per core");
 ABSL_FLAG(double, emulate_flops_per_s, 0,
@@ -143,6 +148,7 @@ int main(int argc, char** argv) {
   options.tcp_host = absl::GetFlag(FLAGS_host);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  options.plan_pages = absl::GetFlag(FLAGS_plan_pages);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.emulate_flops_per_s = absl::GetFlag(FLAGS_emulate_flops_per_s);
   options.plan_compile_threads = absl::GetFlag(FLAGS_plan_compile_threads);
