@@ -1,7 +1,8 @@
 // The subcommands that ask a running hsapd (connection.h says how):
 //
 //   hsapctl plans list [--limit=N]     cached plans, most recently used first
-//   hsapctl plans show <plan_key>      one plan (--format=json: the whole plan)
+//   hsapctl plans show <plan_key>      one plan (--format=json: the whole plan;
+//                                      --html=FILE: its page, plan_html.h)
 //   hsapctl plans stats                plan cache counters
 //   hsapctl plans evict <key>... | --all
 //   hsapctl cluster                    peers (address, incarnation, state, refs),
@@ -26,10 +27,12 @@
 #include "absl/strings/strip.h"
 #include "client/cpp/hsap_client.h"
 #include "client/hsapctl/connection.h"
+#include "client/hsapctl/plan_html.h"
 #include "client/hsapctl/subcommands.h"
 #include "hsap/v1/cluster.grpc.pb.h"
 #include "hsap/v1/plans.grpc.pb.h"
 #include "hsap/v1/regions.grpc.pb.h"
+#include "server/plan/plan_proto.h"
 
 ABSL_FLAG(bool, all, false, "plans evict: evict every cached plan");
 ABSL_FLAG(int32_t, limit, 0, "plans list: at most this many plans, most recently used first; 0 = all");
@@ -127,6 +130,14 @@ int PlansShow(const Connection& c, bool json, const std::vector<std::string>& ar
   hsap::v1::ShowPlanResponse response;
   absl::Status st = FromGrpc(stub->ShowPlan(&context, request, &response));
   if (!st.ok()) return Fail("plans show " + args[1] + " via " + c.description, st);
+  if (!HtmlPath().empty()) {
+    absl::StatusOr<plan::Plan> plan = plan::PlanFromProto(response.plan());
+    if (!plan.ok()) return Fail("plans show " + args[1] + ": the daemon's plan", plan.status());
+    return WritePlanHtml(*plan,
+                         {.origin = "hsapd plan cache via " + c.description,
+                          .cache_hits = static_cast<int64_t>(response.summary().hits())},
+                         HtmlPath(), "hsapctl plans show");
+  }
   if (json) {
     std::printf("%s", ToJson(response).c_str());
     return 0;

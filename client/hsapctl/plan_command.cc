@@ -3,7 +3,7 @@
 //
 //   hsapctl plan --cu_seqlens_file=docs.txt --ranks=16 --nodes=2
 //       --heads=32 --kv_heads=8 --head_dim=128 --strategy=hsap --format=json
-// (one command line)
+// (one command line); --html=plan.html writes the plan's page instead.
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -13,6 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "client/hsapctl/plan_format.h"
+#include "client/hsapctl/plan_html.h"
 #include "client/hsapctl/subcommands.h"
 #include "common/status_macros.h"
 #include "server/plan/compiler.h"
@@ -133,6 +134,10 @@ int RunPlanCommand(const std::vector<std::string>& args) {
   if (!compiled.ok()) {
     std::fprintf(stderr, "hsapctl plan: %s\n", compiled.status().ToString().c_str());
     return 1;
+  }
+  if (!HtmlPath().empty()) {
+    return WritePlanHtml(*compiled, {.origin = "hsapctl plan (compiled offline)"}, HtmlPath(),
+                         "hsapctl plan");
   }
   const std::string out = format == "json"
                               ? PlanToJson(*compiled, absl::GetFlag(FLAGS_full_plan))
