@@ -22,6 +22,9 @@ PACKAGES=(
   llvm
   # bench/scale_sim/plot.py (the scale simulator's figures).
   python3-matplotlib
+  # tests/integration:plan_viewer_test opens the plan viewer's pages in
+  # headless chromium.
+  chromium
 )
 
 missing=()
