@@ -430,9 +430,9 @@ def report(args, out_dir, png, wall, ref, ref_logits, cp, resumed, ref_bf16, ref
                "calls_per_rank": cp.get("calls_per_rank"), "group": cp.get("group")}
     print(f"\nfp32: worst loss relative difference {worst:.2e} (tolerance {FP32_TOLERANCE}); "
           f"logits " + ", ".join(f"step {s}: {e:.1e}" for s, e in logit.items())
-          + f" (step {first} checked, <= {FP32_TOLERANCE}); loss {cp_l[steps[0]]:.4f} -> {sum(last) / len(last):.4f}"
-          f" (mean of the last 5), fell {100 * fall:.1f} %"
-          + ("" if len(steps) >= 50 else f" (not checked under 50 steps)"))
+          + f" (step {first} checked, <= {FP32_TOLERANCE}); loss {cp_l[steps[0]]:.4f} -> "
+          f"{sum(last) / len(last):.4f} (mean of the last 5), fell {100 * fall:.1f} %"
+          + ("" if len(steps) >= 50 else " (not checked under 50 steps)"))
     if resumed:
         worst_resume = max(rel(res_l[s], cp_l[s]) for s in res_l)
         summary["resume_worst_rel"] = worst_resume
@@ -454,8 +454,8 @@ def report(args, out_dir, png, wall, ref, ref_logits, cp, resumed, ref_bf16, ref
                        bf16_logit_rel=bf16_logit, ref_bf16_logit_rel_vs_fp32=ref_bf16_logit,
                        cp_bf16_tokens_per_s_median=median([r["tokens_per_s"]
                                                            for r in cp_bf16["steps"]]))
-        print(f"bf16: the bf16 reference is within Y = {y:.2e} of the fp32 one; hsap bf16 is within "
-              f"{worst_bf16:.2e} of the bf16 reference (yardstick 2Y = {yardstick:.2e}); logits "
+        print(f"bf16: the bf16 reference is within Y = {y:.2e} of the fp32 one; hsap bf16 is "
+              f"within {worst_bf16:.2e} of the bf16 reference (yardstick 2Y = {yardstick:.2e}); logits "
               + ", ".join(f"step {s}: {e:.1e} (2x ref {2 * ref_bf16_logit[s]:.1e})"
                           for s, e in bf16_logit.items()))
         if worst_bf16 > yardstick:

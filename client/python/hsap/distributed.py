@@ -19,8 +19,11 @@ import os
 
 from hsap.client import HsapError, InvalidInputError, connect
 from hsap.groups import (  # noqa: F401 - re-exported
-    ADDRESS_ENV, _TORCHRUN_ENV, _env_int, _gather, check_address, daemon_address,
-    from_process_group, plan_group)
+    ADDRESS_ENV, _env_int, _gather, check_address, daemon_address, from_process_group,
+    plan_group)
+
+__all__ = ["ADDRESS_ENV", "check_address", "daemon_address", "from_process_group",
+           "init_from_env", "plan_group"]
 
 
 def init_from_env(name=None, socket_path=None, backend="gloo", **group_options):

@@ -23,7 +23,6 @@ import multiprocessing
 import os
 import socket
 import tempfile
-import time
 import traceback
 import unittest
 
@@ -196,8 +195,9 @@ class ContextParallelAttentionTest(unittest.TestCase):
         self.assertEqual(len(errors), LAYERS * 4)
         for name, err in errors.items():
             self.assertLessEqual(err, TOLERANCE, f"{mode}: {name}")
+        listing = ", ".join(f"{n} {e:.1e}" for n, e in errors.items())
         print(f"  {mode}: {want_calls} attention calls per rank, max gradient rel error "
-              f"{max(errors.values()):.2g} ({', '.join(f'{n} {e:.1e}' for n, e in errors.items())})")
+              f"{max(errors.values()):.2g} ({listing})")
 
     def test_two_micro_batches(self):
         self.check("plain", 2)
