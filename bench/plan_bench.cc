@@ -110,6 +110,9 @@ std::vector<std::vector<int64_t>> Packs(std::vector<int64_t> lengths, int64_t T,
 struct Row {
   int64_t busiest_sum = 0;   // sum over packs of the busiest rank's forward receive bytes
   int64_t total_bytes = 0;   // sum over packs and ranks
+  int64_t inter_busiest_sum = 0;  // the same for inter-node bytes only
+  int64_t inter_total = 0;
+  int64_t inter_need_sum = 0;  // sum over packs of the busiest node's inter-node need
   double worst_imbalance = 0;
   double modeled_us = 0;     // sum over packs
   double compile_us_sum = 0, compile_us_max = 0;
@@ -151,9 +154,13 @@ int main(int argc, char** argv) {
   hsap::ThreadPool pool(threads);
   std::printf("compile pool: %d thread(s)\n", threads);
   std::vector<std::string> failures;
-  std::printf("%8s %4s %-9s %-10s %5s %14s %14s %9s %12s %10s %10s %8s %3s\n", "T", "P",
-              "strategy", "assignment", "packs", "busiest_MiB", "total_GiB", "imbal_max",
-              "modeled_ms", "comp_ms", "comp_max", "hit_us", "LB");
+  // inter_*: inter-node forward bytes (busiest rank, all ranks) and the
+  // layout's inter-node need of the busiest node (no strategy that keeps
+  // queries on their node moves less into it).
+  std::printf("%8s %4s %-9s %-10s %5s %14s %14s %12s %12s %12s %9s %12s %10s %10s %8s %3s\n", "T",
+              "P", "strategy", "assignment", "packs", "busiest_MiB", "total_GiB", "inter_MiB",
+              "inter_GiB", "node_need_MiB", "imbal_max", "modeled_ms", "comp_ms", "comp_max",
+              "hit_us", "LB");
   for (int64_t T : ParseList(absl::GetFlag(FLAGS_tokens))) {
     std::vector<std::vector<int64_t>> packs = Packs(lengths, T, absl::GetFlag(FLAGS_seed));
     if (absl::GetFlag(FLAGS_max_packs) > 0 &&
@@ -196,6 +203,10 @@ int main(int argc, char** argv) {
             const double compile_us = times[times.size() / 2];
             row.busiest_sum += plan->stats.max_fwd_recv_bytes;
             row.total_bytes += plan->stats.total_fwd_bytes;
+            row.inter_busiest_sum += plan->stats.max_fwd_inter_recv_bytes;
+            row.inter_total +=
+                plan->stats.total_fwd_bytes_by_tier[static_cast<int>(LinkTier::kInterNode)];
+            row.inter_need_sum += plan->stats.max_node_inter_need_bytes;
             row.worst_imbalance = std::max(row.worst_imbalance, plan->stats.imbalance);
             row.modeled_us += plan->stats.modeled_us;
             row.modeled_per_pack.push_back(plan->stats.modeled_us);
@@ -225,10 +236,12 @@ int main(int argc, char** argv) {
             std::sort(batch_us.begin(), batch_us.end());
             row.hit_us = batch_us[kBatches / 2];
           }
-          std::printf("%8lld %4lld %-9s %-10s %5d %14.1f %14.3f %9.4f %12.3f %10.3f %10.3f %8.2f %3s\n",
+          std::printf("%8lld %4lld %-9s %-10s %5d %14.1f %14.3f %12.1f %12.3f %12.1f %9.4f %12.3f "
+                      "%10.3f %10.3f %8.2f %3s\n",
                       static_cast<long long>(T), static_cast<long long>(P), s.c_str(), a.c_str(),
                       row.packs, row.busiest_sum / 1048576.0, row.total_bytes / 1073741824.0,
-                      row.worst_imbalance, row.modeled_us / 1e3,
+                      row.inter_busiest_sum / 1048576.0, row.inter_total / 1073741824.0,
+                      row.inter_need_sum / 1048576.0, row.worst_imbalance, row.modeled_us / 1e3,
                       row.compile_us_sum / row.packs / 1e3, row.compile_us_max / 1e3, row.hit_us,
                       row.lower_bound_met ? "=" : ">");
           std::fflush(stdout);

@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, max_full_ranks, "ring=512,allgather=512,ulysses=1024,usp=
 ABSL_FLAG(std::string, workload, "", "document lengths (default: the repository's python-stdlib)");
 ABSL_FLAG(std::string, out, "", "TSV output path (empty: none)");
 ABSL_FLAG(int32_t, compile_threads, 0, "compile pool threads; 0 = hardware threads");
+ABSL_FLAG(std::string, dispatch, "hierarchical",
+          "hierarchical (balanced as the compiler places it: nodes first) or flat (the "
+          "rank-level balanced layout of the same ranks, for a before/after comparison)");
 
 namespace {
 
@@ -68,6 +71,12 @@ int main(int argc, char** argv) {
   }
   o.profile = absl::GetFlag(FLAGS_profile);
   o.packs = absl::GetFlag(FLAGS_packs);
+  if (absl::GetFlag(FLAGS_dispatch) != "hierarchical" && absl::GetFlag(FLAGS_dispatch) != "flat") {
+    std::fprintf(stderr, "scale_sim: --dispatch=%s is not hierarchical or flat\n",
+                 absl::GetFlag(FLAGS_dispatch).c_str());
+    return 2;
+  }
+  o.flat_dispatch = absl::GetFlag(FLAGS_dispatch) == "flat";
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_strategies), ',', absl::SkipEmpty())) {
     Strategy s;
     if (!hsap::plan::ParseStrategy(name, &s)) {

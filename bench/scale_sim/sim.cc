@@ -10,6 +10,8 @@
 #include "common/workload.h"
 #include "server/plan/compiler.h"
 #include "server/plan/cost_model.h"
+#include "server/plan/dispatch.h"
+#include "server/plan/plan_spec.h"
 
 namespace hsap::bench {
 
@@ -38,11 +40,19 @@ plan::PlanSpec SpecFor(const std::vector<int64_t>& cu, int32_t nodes, int32_t de
   return spec;
 }
 
-absl::StatusOr<Plan> Compile(const plan::PlanSpec& spec, ThreadPool* pool, double* ms) {
+absl::StatusOr<Plan> Compile(const plan::PlanSpec& spec, const SimOptions& o, double* ms) {
   const auto start = std::chrono::steady_clock::now();
   plan::CompileOptions co;
-  co.pool = pool;
-  absl::StatusOr<Plan> p = plan::CompilePlan(spec, co);
+  co.pool = o.pool;
+  absl::StatusOr<Plan> p;
+  if (o.flat_dispatch) {
+    const plan::Dispatch flat = plan::ComputeDispatch(spec.assignment, plan::ResolveSlices(spec),
+                                                      spec.total_tokens,
+                                                      spec.topology.num_ranks(), o.pool);
+    p = plan::CompilePlanForDispatch(spec, flat, co);
+  } else {
+    p = plan::CompilePlan(spec, co);
+  }
   *ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
              .count();
   return p;
@@ -116,9 +126,14 @@ struct PlanFacts {
   Strategy ran = Strategy::kAuto;
   double modeled_us = 0;
   int64_t busiest = 0;
+  int64_t busiest_inter = -1;
+  double imbalance = 0;
 };
 
-PlanFacts FactsOf(const Plan& p) { return {p.strategy, p.stats.modeled_us, p.stats.max_fwd_recv_bytes}; }
+PlanFacts FactsOf(const Plan& p) {
+  return {p.strategy, p.stats.modeled_us, p.stats.max_fwd_recv_bytes,
+          p.stats.max_fwd_inter_recv_bytes, p.stats.imbalance};
+}
 
 }  // namespace
 
@@ -144,7 +159,7 @@ absl::StatusOr<SimPoint> SimulatePoint(const std::vector<int64_t>& lengths, int6
     int64_t need = 0;
     {
       HSAP_ASSIGN_OR_RETURN(
-          Plan chosen, Compile(SpecFor(cu, nodes, devices, Strategy::kAuto, o), o.pool, &auto_ms));
+          Plan chosen, Compile(SpecFor(cu, nodes, devices, Strategy::kAuto, o), o, &auto_ms));
       auto_facts = FactsOf(chosen);
       candidates = chosen.stats.candidates;
       // Floors and closed forms need only the dispatch and the mask, which
@@ -153,6 +168,9 @@ absl::StatusOr<SimPoint> SimulatePoint(const std::vector<int64_t>& lengths, int6
                            o.shape.num_heads_q * o.shape.head_dim * (1.0 + profile.backward_factor);
       out.floors.compute_us += flops / (P * profile.attention_flops) * 1e6;
       for (const plan::RankPlan& rp : chosen.ranks) need = std::max(need, rp.stats.exact_need_bytes);
+      const int64_t inter = chosen.stats.max_node_inter_need_bytes / devices;
+      out.floors.inter_need_bytes += inter;
+      out.floors.inter_need_us += 2.0 * inter / profile.inter_bytes_per_s * 1e6;
       for (size_t i = 0; i < o.strategies.size(); ++i) {
         closed[i] = ClosedFormBusiestBytes(o.strategies[i], chosen);
       }
@@ -163,7 +181,7 @@ absl::StatusOr<SimPoint> SimulatePoint(const std::vector<int64_t>& lengths, int6
     }
     if (hsap_facts.ran != Strategy::kHsap) {
       HSAP_ASSIGN_OR_RETURN(
-          Plan hsap, Compile(SpecFor(cu, nodes, devices, Strategy::kHsap, o), o.pool, &hsap_ms));
+          Plan hsap, Compile(SpecFor(cu, nodes, devices, Strategy::kHsap, o), o, &hsap_ms));
       hsap_facts = FactsOf(hsap);
     }
     out.floors.exact_need_bytes += need;
@@ -179,7 +197,7 @@ absl::StatusOr<SimPoint> SimulatePoint(const std::vector<int64_t>& lengths, int6
         row.compile_ms += s == Strategy::kAuto ? auto_ms : hsap_ms;
       } else if (full) {
         HSAP_ASSIGN_OR_RETURN(Plan p,
-                              Compile(SpecFor(cu, nodes, devices, s, o), o.pool, &row.compile_ms));
+                              Compile(SpecFor(cu, nodes, devices, s, o), o, &row.compile_ms));
         f = FactsOf(p);
       } else {
         row.source = Source::kBound;
@@ -193,6 +211,12 @@ absl::StatusOr<SimPoint> SimulatePoint(const std::vector<int64_t>& lengths, int6
       row.ran = f.ran;  // auto: the last pack's choice
       row.modeled_us += f.modeled_us;
       row.busiest_fwd_recv_bytes += f.busiest;
+      if (row.source == Source::kBound || f.busiest_inter < 0) {
+        row.busiest_inter_fwd_recv_bytes = -1;
+      } else if (row.busiest_inter_fwd_recv_bytes >= 0) {
+        row.busiest_inter_fwd_recv_bytes += f.busiest_inter;
+      }
+      row.max_imbalance = std::max(row.max_imbalance, f.imbalance);
     }
   }
   return out;
@@ -207,41 +231,56 @@ std::string FormatPointTable(const SimPoint& p) {
   }
   std::string out = absl::StrFormat(
       "T = %d, %d nodes x %d = %d GPUs, %d packs (sums over the packs)\n"
-      "  %-9s %-9s %-6s %12s %14s %16s\n",
+      "  %-9s %-9s %-6s %12s %14s %16s %16s %9s\n",
       p.tokens, p.nodes, p.devices_per_node, p.nodes * p.devices_per_node, p.packs, "strategy",
-      "ran", "source", "modeled ms", "vs best base", "busiest MiB");
+      "ran", "source", "modeled ms", "vs best base", "busiest MiB", "inter MiB", "imbal");
   for (const StrategyRow& r : p.rows) {
-    absl::StrAppendFormat(&out, "  %-9s %-9s %-6s %12.3f %14.3f %16.1f\n",
+    const bool plan = r.source == Source::kPlan && r.busiest_inter_fwd_recv_bytes >= 0;
+    absl::StrAppendFormat(&out, "  %-9s %-9s %-6s %12.3f %14.3f %16.1f %16s %9s\n",
                           plan::StrategyName(r.strategy), plan::StrategyName(r.ran),
                           SourceName(r.source), r.modeled_us / 1e3,
                           best_baseline > 0 ? r.modeled_us / best_baseline : 0.0,
-                          r.busiest_fwd_recv_bytes / 1048576.0);
+                          r.busiest_fwd_recv_bytes / 1048576.0,
+                          plan ? absl::StrFormat("%.1f", r.busiest_inter_fwd_recv_bytes / 1048576.0)
+                               : std::string("-"),
+                          plan ? absl::StrFormat("%.4f", r.max_imbalance) : std::string("-"));
   }
   absl::StrAppendFormat(&out,
                         "  floors: compute %.3f ms; exact need %.1f MiB busiest rank, %.3f ms "
-                        "over one inter-node link (fwd + bwd)\n",
+                        "over one inter-node link (fwd + bwd); inter-node need %.1f MiB per "
+                        "link of the busiest node, %.3f ms\n",
                         p.floors.compute_us / 1e3, p.floors.exact_need_bytes / 1048576.0,
-                        p.floors.exact_need_us / 1e3);
+                        p.floors.exact_need_us / 1e3, p.floors.inter_need_bytes / 1048576.0,
+                        p.floors.inter_need_us / 1e3);
   return out;
 }
 
 std::string TsvHeader() {
-  return "tokens\tnodes\tgpus\tstrategy\tran\tsource\tmodeled_ms\tbusiest_mib\n";
+  return "tokens\tnodes\tgpus\tstrategy\tran\tsource\tmodeled_ms\tbusiest_mib\tbusiest_inter_mib"
+         "\timbalance\n";
 }
 
 std::string PointTsv(const SimPoint& p) {
   std::string out;
   const int32_t gpus = p.nodes * p.devices_per_node;
   for (const StrategyRow& r : p.rows) {
-    absl::StrAppendFormat(&out, "%d\t%d\t%d\t%s\t%s\t%s\t%.6f\t%.6f\n", p.tokens, p.nodes, gpus,
-                          plan::StrategyName(r.strategy), plan::StrategyName(r.ran),
-                          SourceName(r.source), r.modeled_us / 1e3,
-                          r.busiest_fwd_recv_bytes / 1048576.0);
+    const bool plan = r.source == Source::kPlan && r.busiest_inter_fwd_recv_bytes >= 0;
+    absl::StrAppendFormat(&out, "%d\t%d\t%d\t%s\t%s\t%s\t%.6f\t%.6f\t%s\t%s\n", p.tokens,
+                          p.nodes, gpus, plan::StrategyName(r.strategy),
+                          plan::StrategyName(r.ran), SourceName(r.source), r.modeled_us / 1e3,
+                          r.busiest_fwd_recv_bytes / 1048576.0,
+                          plan ? absl::StrFormat("%.6f", r.busiest_inter_fwd_recv_bytes / 1048576.0)
+                               : std::string("nan"),
+                          plan ? absl::StrFormat("%.6f", r.max_imbalance) : std::string("nan"));
   }
-  absl::StrAppendFormat(&out, "%d\t%d\t%d\tcompute_floor\t-\tfloor\t%.6f\t0\n", p.tokens, p.nodes,
-                        gpus, p.floors.compute_us / 1e3);
-  absl::StrAppendFormat(&out, "%d\t%d\t%d\texact_need\t-\tfloor\t%.6f\t%.6f\n", p.tokens, p.nodes,
-                        gpus, p.floors.exact_need_us / 1e3, p.floors.exact_need_bytes / 1048576.0);
+  absl::StrAppendFormat(&out, "%d\t%d\t%d\tcompute_floor\t-\tfloor\t%.6f\t0\t0\tnan\n", p.tokens,
+                        p.nodes, gpus, p.floors.compute_us / 1e3);
+  absl::StrAppendFormat(&out, "%d\t%d\t%d\texact_need\t-\tfloor\t%.6f\t%.6f\tnan\tnan\n",
+                        p.tokens, p.nodes, gpus, p.floors.exact_need_us / 1e3,
+                        p.floors.exact_need_bytes / 1048576.0);
+  absl::StrAppendFormat(&out, "%d\t%d\t%d\tinter_need\t-\tfloor\t%.6f\tnan\t%.6f\tnan\n",
+                        p.tokens, p.nodes, gpus, p.floors.inter_need_us / 1e3,
+                        p.floors.inter_need_bytes / 1048576.0);
   return out;
 }
 

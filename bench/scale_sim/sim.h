@@ -45,6 +45,10 @@ struct SimOptions {
   // Full plans for a strategy only up to this many ranks; absent: always.
   std::map<plan::Strategy, int32_t> max_full_ranks;
   ThreadPool* pool = nullptr;  // the compile pool (CompileOptions::pool)
+  // Compile every plan on the one-node (rank-level) `balanced` layout of the
+  // same ranks, as before the dispatch placed documents on nodes first: the
+  // comparison of the two layouts in one run (scale_sim --dispatch=flat).
+  bool flat_dispatch = false;
 };
 
 enum class Source {
@@ -59,6 +63,10 @@ struct StrategyRow {
   Source source = Source::kPlan;
   double modeled_us = 0;                // forward + backward, summed over packs
   int64_t busiest_fwd_recv_bytes = 0;   // summed over packs of each pack's busiest rank
+  // The same for inter-node bytes only; -1 for kBound rows (no tier split
+  // without a plan).
+  int64_t busiest_inter_fwd_recv_bytes = 0;
+  double max_imbalance = 0;             // rank area imbalance, worst pack (kPlan only)
   double compile_ms = 0;                // summed over packs (kPlan only)
 };
 
@@ -74,6 +82,14 @@ struct Floors {
   // Moving that exact need over one rank's inter-node link, forward and
   // again backward.
   double exact_need_us = 0;
+  // The layout's inter-node exact need (DESIGN.md §8) of the busiest node,
+  // per inter-node link of it (over its devices): no strategy that computes
+  // queries on their own node (all but ulysses) moves less across its links
+  // for the assignment.
+  int64_t inter_need_bytes = 0;
+  // Moving that over the link, forward and again backward: the floor of
+  // the inter-node time.
+  double inter_need_us = 0;
 };
 
 struct SimPoint {
@@ -102,8 +118,9 @@ int64_t ClosedFormBusiestBytes(plan::Strategy strategy, const plan::Plan& plan);
 std::string FormatPointTable(const SimPoint& p);
 
 // Tab-separated rows: header when `header`, then one line per strategy and
-// one "floor" line per point. Columns: tokens nodes gpus strategy ran
-// source modeled_ms busiest_mib.
+// three "floor" lines per point (compute_floor, exact_need, inter_need).
+// Columns: tokens nodes gpus strategy ran source modeled_ms busiest_mib
+// busiest_inter_mib (nan for bound rows) imbalance (nan for bound rows).
 std::string TsvHeader();
 std::string PointTsv(const SimPoint& p);
 

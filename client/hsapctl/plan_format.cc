@@ -65,6 +65,12 @@ std::string PlanToJson(const Plan& p, bool include_plan) {
   absl::StrAppendFormat(&out, "  \"compile_us\": %d,\n", p.stats.compile_us);
   absl::StrAppendFormat(&out, "  \"max_recv_bytes\": %d,\n  \"total_fwd_bytes\": %d,\n",
                         p.stats.max_fwd_recv_bytes, p.stats.total_fwd_bytes);
+  absl::StrAppendFormat(&out,
+                        "  \"max_inter_recv_bytes\": %d,\n  \"total_inter_fwd_bytes\": %d,\n"
+                        "  \"inter_node_need_bytes\": %d,\n  \"max_node_inter_need_bytes\": %d,\n",
+                        p.stats.max_fwd_inter_recv_bytes,
+                        p.stats.total_fwd_bytes_by_tier[static_cast<int>(plan::LinkTier::kInterNode)],
+                        p.stats.inter_node_need_bytes, p.stats.max_node_inter_need_bytes);
   absl::StrAppendFormat(&out, "  \"fwd_stages\": %d,\n  \"bwd_stages\": %d,\n",
                         p.stats.num_fwd_stages, p.stats.num_bwd_stages);
   out += "  \"candidates\": [";
@@ -84,12 +90,13 @@ std::string PlanToJson(const Plan& p, bool include_plan) {
     absl::StrAppendFormat(
         &out,
         "    {\"rank\": %d, \"node\": %d, \"q_heads\": [%d, %d], \"tokens\": %d, "
-        "\"token_ranges\": [%s], \"recv_bytes\": %d, \"send_bytes\": %d, "
+        "\"token_ranges\": [%s], \"recv_bytes\": %d, \"inter_recv_bytes\": %d, "
+        "\"send_bytes\": %d, "
         "\"bwd_recv_bytes\": %d, \"bwd_send_bytes\": %d, \"area\": %d, "
         "\"lower_bound_recv_bytes\": %d, \"exact_need_bytes\": %d, "
         "\"peak_recv_buffer_bytes\": %d, \"modeled_fwd_us\": %.3f, \"modeled_bwd_us\": %.3f}%s\n",
         rp.rank, rp.node, rp.q_head_begin, rp.q_head_end, s.tokens, ranges, s.FwdRecvBytes(),
-        s.FwdSendBytes(), s.BwdRecvBytes(), s.BwdSendBytes(), s.area, s.lower_bound_recv_bytes,
+        s.fwd_recv_bytes[static_cast<int>(plan::LinkTier::kInterNode)], s.FwdSendBytes(), s.BwdRecvBytes(), s.BwdSendBytes(), s.area, s.lower_bound_recv_bytes,
         s.exact_need_bytes, s.peak_recv_buffer_bytes, s.fwd_us, s.bwd_us,
         i + 1 < p.ranks.size() ? "," : "");
   }

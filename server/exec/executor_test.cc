@@ -273,6 +273,32 @@ void CheckPlan(const Plan& plan, const Problem& pr, const Reference& ref, Comput
     EXPECT_LE(out.fwd[r].recv_buffer_bytes, plan.spec.recv_buffer_bytes) << what;
     EXPECT_LE(out.bwd[r].recv_buffer_bytes, 2 * plan.spec.recv_buffer_bytes) << what;
   }
+  // The plan's inter-node figures are what the transports moved across
+  // nodes; no plan moves less than the layout's inter-node exact need, and
+  // hsap (head groups of whole nodes) moves exactly that.
+  constexpr int kInter = static_cast<int>(plan::LinkTier::kInterNode);
+  const int32_t G = plan.spec.topology.devices_per_node;
+  int64_t inter_total = 0, inter_max = 0, node_max = 0;
+  for (int32_t n = 0; n < plan.spec.topology.num_nodes; ++n) {
+    int64_t node = 0;
+    for (int32_t r = n * G; r < (n + 1) * G; ++r) {
+      node += out.fwd[r].received_bytes[kInter];
+      inter_max = std::max(inter_max, out.fwd[r].received_bytes[kInter]);
+    }
+    inter_total += node;
+    node_max = std::max(node_max, node);
+  }
+  EXPECT_EQ(inter_total, plan.stats.total_fwd_bytes_by_tier[kInter]) << what;
+  EXPECT_EQ(inter_max, plan.stats.max_fwd_inter_recv_bytes) << what;
+  if (G % plan.head_group_size == 0) {  // queries stay on their node (not ulysses across nodes)
+    EXPECT_GE(inter_total, plan.stats.inter_node_need_bytes) << what;
+    EXPECT_GE(node_max, plan.stats.max_node_inter_need_bytes) << what;
+  }
+  if (plan.strategy == Strategy::kHsap && plan.head_group_size == G &&
+      plan.spec.shape.num_heads_kv % G == 0) {  // each rank its own KV heads
+    EXPECT_EQ(inter_total, plan.stats.inter_node_need_bytes) << what;
+  }
+  if (plan.spec.topology.num_nodes == 1) EXPECT_EQ(plan.stats.inter_node_need_bytes, 0) << what;
   const Errors e = Compare(out, ref);
   EXPECT_LE(e.o, kTolerance) << what;
   EXPECT_LE(e.lse, kTolerance) << what;
@@ -326,7 +352,8 @@ TEST_P(ExecutorMatrixTest, EveryStrategyAndAssignmentMatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Topologies, ExecutorMatrixTest,
                          ::testing::Values(plan::Topology{1, 1}, plan::Topology{1, 4},
-                                           plan::Topology{2, 2}, plan::Topology{4, 2}),
+                                           plan::Topology{2, 2}, plan::Topology{3, 2},
+                                           plan::Topology{4, 2}),
                          [](const ::testing::TestParamInfo<plan::Topology>& info) {
                            return absl::StrCat(info.param.num_nodes, "x",
                                                info.param.devices_per_node);

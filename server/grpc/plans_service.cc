@@ -78,6 +78,11 @@ grpc::Status PlansService::Dispatch(grpc::ServerContext* context, const hsap::v1
   *response->mutable_dispatch() = plan::DispatchToProto((*p)->dispatch);
   response->set_strategy(ToProto((*p)->strategy));
   response->set_plan_key((*p)->key.ToHex());
+  *response->mutable_stats() = plan::PlanStatsToProto((*p)->stats);
+  for (const plan::RankPlan& rp : (*p)->ranks) {
+    response->add_inter_recv_bytes_per_rank(
+        rp.stats.fwd_recv_bytes[static_cast<int>(plan::LinkTier::kInterNode)]);
+  }
   return grpc::Status::OK;
 }
 
@@ -105,6 +110,10 @@ grpc::Status PlansService::CompilePlan(grpc::ServerContext* context,
   }
   response->set_plan_key(p->key.ToHex());
   *response->mutable_stats() = plan::PlanStatsToProto(p->stats);
+  for (const plan::RankPlan& rp : p->ranks) {
+    response->add_inter_recv_bytes_per_rank(
+        rp.stats.fwd_recv_bytes[static_cast<int>(plan::LinkTier::kInterNode)]);
+  }
   if (request->include_plan()) *response->mutable_plan() = plan::PlanToProto(*p);
   return grpc::Status::OK;
 }

@@ -72,10 +72,34 @@ struct Item {
 
 // The items of one level, in position order: units of at most `piece`
 // tokens whole, longer ones cut into pieces of `piece` tokens (a causal
-// document's first pieces are light and its last heavy).
+// document's first pieces are light and its last heavy). With `within`
+// (sorted, disjoint), only those tokens: each unit's runs inside them, run
+// by run, each whole or cut the same way.
 std::vector<Item> MakeItems(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units,
-                            int64_t piece) {
+                            int64_t piece, const std::vector<TokenRange>* within = nullptr) {
   std::vector<Item> items;
+  if (within != nullptr) {
+    for (const TokenRange& w : *within) {
+      // The first unit that ends after w.begin (units tile [0, total)).
+      size_t ui = static_cast<size_t>(
+          std::upper_bound(units.begin(), units.end(), w.begin,
+                           [](int64_t x, const Unit& u) { return x < u.end; }) -
+          units.begin());
+      for (; ui < units.size() && units[ui].begin < w.end; ++ui) {
+        const Unit& u = units[ui];
+        const int64_t id = static_cast<int64_t>(ui);
+        const int64_t b = std::max(u.begin, w.begin), e = std::min(u.end, w.end);
+        int64_t ax = PrefixArea(slices, u, b);
+        for (int64_t x = b; x < e; x += piece) {
+          const int64_t cut = std::min(e, x + piece);
+          const int64_t a = PrefixArea(slices, u, cut);
+          items.push_back({x, cut, a - ax, id});
+          ax = a;
+        }
+      }
+    }
+    return items;
+  }
   for (size_t ui = 0; ui < units.size(); ++ui) {
     const Unit& u = units[ui];
     const int64_t id = static_cast<int64_t>(ui);
@@ -194,18 +218,21 @@ class RankTree {
   std::vector<int64_t> room_;                // per node: the largest room below
 };
 
-// Places `items` in order (see the header). Every rank ends with exactly its
-// quota of tokens: an item no rank has room for fills the ranks with the
-// most room.
+// Places `items` in order (see the header) on bins (ranks, or nodes) of
+// `quotas` tokens (their sum is the items' tokens). Every bin ends with
+// exactly its quota of tokens: an item no bin has room for fills the bins
+// with the most room.
 // `stop` (may be null) is polled every 1,024 items: a stopped placement
 // returns at once with an infinite imbalance (it never wins).
 Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units,
-              const std::vector<Item>& items, int64_t total, int32_t ranks, double slack,
+              const std::vector<Item>& items, const std::vector<int64_t>& quotas, double slack,
               const std::function<bool()>* stop) {
   constexpr int kCandidates = 4;
   constexpr int kTreeCandidates = 2;
-  std::vector<int64_t> cap(ranks), area(ranks, 0), need(ranks, 0);
-  for (int32_t r = 0; r < ranks; ++r) cap[r] = Quota(total, ranks, r);
+  const int32_t ranks = static_cast<int32_t>(quotas.size());
+  int64_t total = 0;
+  for (int64_t q : quotas) total += q;
+  std::vector<int64_t> cap = quotas, area(ranks, 0), need(ranks, 0);
   // Ranks with room, and ranks with room for the longest item (the level's
   // piece): searches for an item of that length, most of them, then never
   // walk past ranks too full for it.
@@ -323,23 +350,58 @@ Attempt Place(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units
   return out;
 }
 
-}  // namespace
+// The least imbalance asked of one node's ranks: an exactly even split is
+// rarely possible, and asking for it tries every piece size (at 64 x 8,
+// T = 1M, the heaviest nodes' searches then took most of the compile).
+constexpr double kMinNodeRankGoal = 1.01;
 
-std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> slices,
-                                                    int64_t total, int32_t ranks,
-                                                    ThreadPool* pool) {
-  if (total == 0) return std::vector<std::vector<TokenRange>>(ranks);
-  const std::vector<Unit> units = BuildUnits(slices, total);
-  const int64_t quota = std::max<int64_t>(1, Quota(total, ranks, 0));
-  const SliceIndex index(slices);
-  // The compile's stop callback, taken on this thread: the placements run
-  // on the pool's threads.
-  const std::function<bool()>* const stop = CurrentCompileStop();
+// One balanced placement problem: bins of `quotas` tokens (ranks, or nodes)
+// over all tokens, or over `within` only (a node's tokens, for its ranks).
+struct Bins {
+  std::vector<int64_t> quotas;
+  const std::vector<TokenRange>* within = nullptr;  // sorted, disjoint; null: [0, total)
+  double goal = kBalancedImbalanceGoal;             // imbalance accepted (over these bins)
+  // Try one piece size past the first balanced one (it can lower the need;
+  // a node's ranks skip it: their need is mostly intra-node).
+  bool extra_level = true;
+};
+
+// A valid placement when stopped: the tokens in order, quota by quota (the
+// caller discards it).
+std::vector<std::vector<TokenRange>> InOrder(const Bins& bins, int64_t total) {
+  std::vector<TokenRange> tokens =
+      bins.within != nullptr ? *bins.within : std::vector<TokenRange>{{0, total}};
+  std::vector<std::vector<TokenRange>> out(bins.quotas.size());
+  size_t t = 0;
+  int64_t x = tokens.empty() ? 0 : tokens[0].begin;
+  for (size_t r = 0; r < bins.quotas.size(); ++r) {
+    for (int64_t left = bins.quotas[r]; left > 0 && t < tokens.size();) {
+      const int64_t e = std::min(tokens[t].end, x + left);
+      out[r].push_back({x, e});
+      left -= e - x;
+      x = e;
+      if (x == tokens[t].end && ++t < tokens.size()) x = tokens[t].begin;
+    }
+  }
+  return out;
+}
+
+// The levels and attempts of the header over `bins`: the winning attempt
+// (ranges normalized), its imbalance over the bins and its busiest bin's
+// exact need in tokens (when it reached the goal). Stopped: InOrder.
+Attempt Solve(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units,
+              const SliceIndex& index, int64_t total, const Bins& bins, ThreadPool* pool,
+              const std::function<bool()>* stop) {
+  const int32_t ranks = static_cast<int32_t>(bins.quotas.size());
+  const int64_t quota =
+      std::max<int64_t>(1, *std::max_element(bins.quotas.begin(), bins.quotas.end()));
+  const double goal = bins.goal;
   // Polled between the levels below too: one level's items and their sort
   // take about a second under ASan at 2^20 documents.
   auto stopped = [stop] { return stop != nullptr && *stop && (*stop)(); };
-  // The exact need of the busiest rank (DESIGN.md §8), for the attempts
-  // balanced enough to compete on communication.
+  // The exact need of the busiest bin (DESIGN.md §8: of a node, its
+  // inter-node need), for the attempts balanced enough to compete on
+  // communication.
   auto exact_max_need = [&](std::vector<std::vector<TokenRange>>* ranges) {
     std::vector<int64_t> need(ranks, 0);
     ForEachIndex(pool, ranks, [&](int64_t r) {
@@ -356,19 +418,20 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
   };
   Attempt best;
   auto consider = [&](Attempt a) {
-    if (a.imbalance <= kBalancedImbalanceGoal) a.max_need = exact_max_need(&a.ranges);
-    const bool a_good = a.imbalance <= kBalancedImbalanceGoal;
-    const bool best_good = best.imbalance >= 0 && best.imbalance <= kBalancedImbalanceGoal;
+    if (a.imbalance <= goal) a.max_need = exact_max_need(&a.ranges);
+    const bool a_good = a.imbalance <= goal;
+    const bool best_good = best.imbalance >= 0 && best.imbalance <= goal;
     if (best.imbalance < 0 || (a_good && (!best_good || a.max_need < best.max_need)) ||
         (!a_good && !best_good && a.imbalance < best.imbalance)) {
       best = std::move(a);
     }
   };
+  auto items_of = [&](int64_t piece) { return MakeItems(slices, units, piece, bins.within); };
   // The attempts of one item list with each slack, over the pool.
   auto place_all = [&](const std::vector<Item>& items, absl::Span<const double> slacks) {
     std::vector<Attempt> out(slacks.size());
     ForEachIndex(pool, static_cast<int64_t>(slacks.size()), [&](int64_t i) {
-      out[i] = Place(slices, units, items, total, ranks, slacks[i], stop);
+      out[i] = Place(slices, units, items, bins.quotas, slacks[i], stop);
     });
     for (Attempt& a : out) consider(std::move(a));
   };
@@ -384,19 +447,23 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
   // item area * P / total area) cannot be balanced: it is placed only if no
   // level turns out balanced, when the most balanced attempt wins.
   int64_t total_area = 0;
-  for (const Unit& u : units) total_area += u.area;
+  if (bins.within == nullptr) {
+    for (const Unit& u : units) total_area += u.area;
+  } else {
+    for (const Item& it : items_of(quota)) total_area += it.area;
+  }
   auto cannot_balance = [&](const std::vector<Item>& items) {
     int64_t heaviest = 0;
     for (const Item& it : items) heaviest = std::max(heaviest, it.area);
-    return static_cast<double>(heaviest) * ranks >
-           kBalancedImbalanceGoal * static_cast<double>(total_area);
+    return static_cast<double>(heaviest) * ranks > goal * static_cast<double>(total_area);
   };
   std::vector<int64_t> skipped;
   int levels_after_good = -1;
-  for (int level = 0; level <= 5 && levels_after_good < 1; ++level) {
+  const int extra_levels = bins.extra_level ? 1 : 0;
+  for (int level = 0; level <= 5 && levels_after_good < extra_levels; ++level) {
     const int64_t piece = quota >> level;
     if ((level > 0 && piece < 16) || stopped()) break;
-    std::vector<Item> items = MakeItems(slices, units, piece);
+    std::vector<Item> items = items_of(piece);
     if (levels_after_good == 0 && items.size() > kExtraLevelMaxItems) break;
     if (stopped()) break;
     if (cannot_balance(items)) {
@@ -404,33 +471,87 @@ std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> 
       continue;
     }
     place_all(Lpt(std::move(items)), kSlacks);
-    if (levels_after_good >= 0 || best.imbalance <= kBalancedImbalanceGoal) ++levels_after_good;
+    if (levels_after_good >= 0 || best.imbalance <= goal) ++levels_after_good;
   }
-  if (best.imbalance < 0 || best.imbalance > kBalancedImbalanceGoal) {
+  if (best.imbalance < 0 || best.imbalance > goal) {
     for (int64_t piece : skipped) {
       if (stopped()) break;
-      place_all(Lpt(MakeItems(slices, units, piece)), kSlacks);
+      place_all(Lpt(items_of(piece)), kSlacks);
     }
   }
   // Nothing balanced yet: finer pieces, down to 16 tokens.
-  for (int64_t piece = quota >> 6;
-       best.imbalance > kBalancedImbalanceGoal && piece >= 16 && !stopped(); piece /= 2) {
-    consider(
-        Place(slices, units, Lpt(MakeItems(slices, units, piece)), total, ranks, 0.04, stop));
+  for (int64_t piece = quota >> 6; best.imbalance > goal && piece >= 16 && !stopped();
+       piece /= 2) {
+    consider(Place(slices, units, Lpt(items_of(piece)), bins.quotas, 0.04, stop));
   }
   if (stopped()) {
-    // Stopped: a valid dispatch (contiguous quotas) the caller discards.
-    std::vector<std::vector<TokenRange>> contiguous(ranks);
-    int64_t begin = 0;
-    for (int32_t r = 0; r < ranks; ++r) {
-      const int64_t q = Quota(total, ranks, r);
-      if (q > 0) contiguous[r].push_back({begin, begin + q});
-      begin += q;
-    }
-    return contiguous;
+    Attempt in_order;
+    in_order.ranges = InOrder(bins, total);
+    return in_order;
   }
   for (auto& r : best.ranges) r = Normalize(std::move(r));
-  return std::move(best.ranges);
+  return best;
+}
+
+// Area of each bin's ranges over the mask's units.
+std::vector<int64_t> AreasOf(absl::Span<const MaskSlice> slices, const std::vector<Unit>& units,
+                             int64_t total, const std::vector<std::vector<TokenRange>>& ranges) {
+  std::vector<int64_t> out(ranges.size(), 0);
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    for (const Item& it : MakeItems(slices, units, std::max<int64_t>(1, total), &ranges[r])) {
+      out[r] += it.area;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<TokenRange>> BalancedRanges(absl::Span<const MaskSlice> slices,
+                                                    int64_t total, int32_t ranks,
+                                                    int32_t ranks_per_node, ThreadPool* pool) {
+  if (total == 0) return std::vector<std::vector<TokenRange>>(ranks);
+  const std::vector<Unit> units = BuildUnits(slices, total);
+  const SliceIndex index(slices);
+  // The compile's stop callback, taken on this thread: the placements run
+  // on the pool's threads.
+  const std::function<bool()>* const stop = CurrentCompileStop();
+  Bins rank_bins;
+  for (int32_t r = 0; r < ranks; ++r) rank_bins.quotas.push_back(Quota(total, ranks, r));
+  if (ranks_per_node <= 0 || ranks_per_node >= ranks || ranks % ranks_per_node != 0) {
+    return Solve(slices, units, index, total, rank_bins, pool, stop).ranges;
+  }
+  // Nodes first (docs/planner.md, "Assignment policies"): each node's quota
+  // is its ranks' quotas; a node's exact need is what must cross the
+  // inter-node links to it.
+  const int32_t rpn = ranks_per_node;
+  const int32_t nodes = ranks / rpn;
+  Bins node_bins;
+  node_bins.quotas.assign(nodes, 0);
+  for (int32_t r = 0; r < ranks; ++r) node_bins.quotas[r / rpn] += rank_bins.quotas[r];
+  node_bins.goal = kNodeImbalanceGoal;
+  const Attempt by_node = Solve(slices, units, index, total, node_bins, pool, stop);
+  if (stop != nullptr && *stop && (*stop)()) return InOrder(rank_bins, total);
+  // Then each node's tokens on its ranks, to the rank goal over the whole
+  // group: a node f times as loaded as the mean node has its ranks balanced
+  // to goal / f (as evenly as it can when f exceeds the goal).
+  const std::vector<int64_t> node_area = AreasOf(slices, units, total, by_node.ranges);
+  int64_t area_sum = 0;
+  for (int64_t a : node_area) area_sum += a;
+  std::vector<std::vector<TokenRange>> out(ranks);
+  ForEachIndex(pool, nodes, [&](int64_t n) {
+    Bins b;
+    b.quotas.assign(rank_bins.quotas.begin() + n * rpn, rank_bins.quotas.begin() + (n + 1) * rpn);
+    b.within = &by_node.ranges[n];
+    b.extra_level = false;
+    const double f = area_sum > 0 ? static_cast<double>(node_area[n]) * nodes /
+                                        static_cast<double>(area_sum)
+                                  : 1.0;
+    b.goal = std::max(kMinNodeRankGoal, kBalancedImbalanceGoal / std::max(f, 1e-9));
+    Attempt a = Solve(slices, units, index, total, b, nullptr, stop);
+    for (int32_t i = 0; i < rpn; ++i) out[n * rpn + i] = std::move(a.ranges[i]);
+  });
+  return out;
 }
 
 }  // namespace hsap::plan::internal

@@ -311,9 +311,35 @@ void FillRankStats(const RankBytes& rb, RankStats* rs) {
   }
 }
 
-// The plan's statistics from its ranks' (FillRankStats done).
-void FinishStats(const std::vector<MaskSlice>& slices, Plan* plan) {
+// The plan's statistics from its ranks' (FillRankStats done), and the
+// layout's inter-node exact need: per node, the keys its rows see that no
+// rank of the node holds.
+void FinishStats(const std::vector<MaskSlice>& slices, const SliceIndex& index,
+                 const PlanSpec& spec, const Dispatch& dispatch, ThreadPool* pool, Plan* plan) {
   PlanStats& ps = plan->stats;
+  const Topology& topo = spec.topology;
+  if (topo.num_nodes > 1) {
+    const int64_t kappa = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
+    std::vector<int64_t> need(topo.num_nodes, 0);
+    ForEachIndex(pool, topo.num_nodes, [&](int64_t n) {
+      std::vector<TokenRange> rows;
+      for (int32_t i = 0; i < topo.devices_per_node; ++i) {
+        const auto& r = dispatch.ranges[n * topo.devices_per_node + i];
+        rows.insert(rows.end(), r.begin(), r.end());
+      }
+      std::vector<OwnerSegment> held;
+      int64_t row = 0;
+      for (const TokenRange& t : Normalize(std::move(rows))) {
+        held.push_back({t.begin, t.end, static_cast<int32_t>(n), row});
+        row += t.size();
+      }
+      need[n] = TotalTokens(ExactNeed(ComputeDemands(index, held), held)) * kappa;
+    });
+    for (int64_t b : need) {
+      ps.inter_node_need_bytes += b;
+      ps.max_node_inter_need_bytes = std::max(ps.max_node_inter_need_bytes, b);
+    }
+  }
   ps.total_area = 0;
   for (const MaskSlice& s : slices) ps.total_area += SliceArea(s);
   int64_t head_area_sum = 0, head_area_max = 0;
@@ -325,6 +351,9 @@ void FinishStats(const std::vector<MaskSlice>& slices, Plan* plan) {
     ps.total_fwd_bytes += rs.FwdRecvBytes();
     ps.total_bwd_bytes += rs.BwdRecvBytes();
     for (int t = 0; t < kNumTiers; ++t) ps.total_fwd_bytes_by_tier[t] += rs.fwd_recv_bytes[t];
+    ps.max_fwd_inter_recv_bytes =
+        std::max(ps.max_fwd_inter_recv_bytes,
+                 rs.fwd_recv_bytes[static_cast<int>(LinkTier::kInterNode)]);
   }
   const double mean = static_cast<double>(head_area_sum) / std::max<size_t>(1, plan->ranks.size());
   ps.imbalance = mean > 0 ? static_cast<double>(head_area_max) / mean : 1.0;
@@ -485,7 +514,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     FillRankStats(rb, &rs);
     models[d] = ModelRank(profile, spec.shape.head_dim, area, rb.fwd, rb.bwd, &rp);
   });
-  FinishStats(slices, &plan);
+  FinishStats(slices, index, spec, dispatch, pool, &plan);
   if (profile.inter_link_ranks > 1) {
     // A shared link's term needs all its ranks' bytes: modeled again, whole.
     ModelPlanTime(profile, &plan);
@@ -524,7 +553,7 @@ absl::StatusOr<Plan> Compile(const PlanSpec& spec, const Dispatch* given,
     dispatch = *given;
   } else {
     HSAP_RETURN_IF_ERROR(internal::CheckCompileStop());
-    dispatch = ComputeDispatch(spec.assignment, slices, spec.total_tokens, P, pool);
+    dispatch = ComputeDispatch(spec.assignment, slices, spec.total_tokens, spec.topology, pool);
   }
   HSAP_RETURN_IF_ERROR(internal::CheckCompileStop());
   const HardwareProfile& profile = GetHardwareProfile(spec.profile);

@@ -28,6 +28,12 @@ int64_t RowArea(absl::Span<const MaskSlice> slices, int64_t begin, int64_t end) 
 
 Dispatch ComputeDispatch(AssignmentPolicy policy, absl::Span<const MaskSlice> slices,
                          int64_t total_tokens, int32_t num_ranks, ThreadPool* pool) {
+  return ComputeDispatch(policy, slices, total_tokens, Topology{1, num_ranks}, pool);
+}
+
+Dispatch ComputeDispatch(AssignmentPolicy policy, absl::Span<const MaskSlice> slices,
+                         int64_t total_tokens, const Topology& topology, ThreadPool* pool) {
+  const int32_t num_ranks = topology.num_ranks();
   Dispatch d;
   d.total_tokens = total_tokens;
   d.ranges.assign(num_ranks, {});
@@ -48,7 +54,8 @@ Dispatch ComputeDispatch(AssignmentPolicy policy, absl::Span<const MaskSlice> sl
       return d;
     }
     case AssignmentPolicy::kBalanced:
-      d.ranges = internal::BalancedRanges(slices, T, num_ranks, pool);
+      d.ranges = internal::BalancedRanges(
+          slices, T, num_ranks, topology.num_nodes > 1 ? topology.devices_per_node : 0, pool);
       return d;
   }
   return d;

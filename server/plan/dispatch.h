@@ -14,7 +14,9 @@
 //                few ranks as balance allows; the other documents stay whole.
 //                Parts and documents go to the rank with the least expected
 //                area that has room, so every rank holds exactly floor(T/P)
-//                or ceil(T/P) tokens and the causal area is balanced.
+//                or ceil(T/P) tokens and the causal area is balanced. On
+//                several nodes, documents go to nodes first (a document that
+//                fits in a node stays inside it), then to the node's ranks.
 // All three run in O(documents log documents + P * items) without touching
 // individual tokens.
 #ifndef HSAP_SERVER_PLAN_DISPATCH_H_
@@ -49,6 +51,12 @@ struct Dispatch {
 // REQUIRES: num_ranks >= 1, slices valid and non-overlapping.
 Dispatch ComputeDispatch(AssignmentPolicy policy, absl::Span<const MaskSlice> slices,
                          int64_t total_tokens, int32_t num_ranks, ThreadPool* pool = nullptr);
+// The same on `topology`'s ranks: `balanced` on several nodes places
+// documents on nodes first (balanced_dispatch.h); one node gives exactly
+// the dispatch above.
+Dispatch ComputeDispatch(AssignmentPolicy policy, absl::Span<const MaskSlice> slices,
+                         int64_t total_tokens, const Topology& topology,
+                         ThreadPool* pool = nullptr);
 
 // Where a global token lives: segments sorted by global position, each a run
 // of tokens held by one rank at consecutive local rows.

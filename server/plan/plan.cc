@@ -46,7 +46,10 @@ bool PlanStats::operator==(const PlanStats& o) const {
   return total_area == o.total_area && imbalance == o.imbalance &&
          max_fwd_recv_bytes == o.max_fwd_recv_bytes && total_fwd_bytes == o.total_fwd_bytes &&
          total_bwd_bytes == o.total_bwd_bytes &&
-         total_fwd_bytes_by_tier == o.total_fwd_bytes_by_tier && fwd_us == o.fwd_us &&
+         total_fwd_bytes_by_tier == o.total_fwd_bytes_by_tier &&
+         max_fwd_inter_recv_bytes == o.max_fwd_inter_recv_bytes &&
+         inter_node_need_bytes == o.inter_node_need_bytes &&
+         max_node_inter_need_bytes == o.max_node_inter_need_bytes && fwd_us == o.fwd_us &&
          bwd_us == o.bwd_us && modeled_us == o.modeled_us && lower_bound_us == o.lower_bound_us &&
          compile_us == o.compile_us && num_fwd_stages == o.num_fwd_stages &&
          num_bwd_stages == o.num_bwd_stages && candidates == o.candidates;
@@ -122,13 +125,17 @@ std::string PlanSummaryText(const Plan& plan) {
       "plan %s  strategy %s (requested %s)  assignment %s  profile %s\n"
       "ranks %d (%d nodes x %d)  head group %d  tokens %d  area %d\n"
       "stages fwd %d bwd %d  imbalance %.4f  busiest fwd recv %d B  total fwd %d B  bwd %d B\n"
+      "inter-node fwd recv: busiest rank %d B  total %d B  (layout's inter-node need: %d B, "
+      "busiest node %d B)\n"
       "modeled fwd %.1f us  bwd %.1f us  total %.1f us  (lower bound %.1f us)  compile %d us\n",
       plan.key.ToHex(), StrategyName(plan.strategy), StrategyName(plan.spec.strategy),
       AssignmentName(plan.spec.assignment), plan.spec.profile, plan.spec.topology.num_ranks(),
       plan.spec.topology.num_nodes, plan.spec.topology.devices_per_node, plan.head_group_size,
       plan.spec.total_tokens, plan.stats.total_area, plan.stats.num_fwd_stages,
       plan.stats.num_bwd_stages, plan.stats.imbalance, plan.stats.max_fwd_recv_bytes,
-      plan.stats.total_fwd_bytes, plan.stats.total_bwd_bytes, plan.stats.fwd_us,
+      plan.stats.total_fwd_bytes, plan.stats.total_bwd_bytes, plan.stats.max_fwd_inter_recv_bytes,
+      plan.stats.total_fwd_bytes_by_tier[static_cast<int>(LinkTier::kInterNode)],
+      plan.stats.inter_node_need_bytes, plan.stats.max_node_inter_need_bytes, plan.stats.fwd_us,
       plan.stats.bwd_us, plan.stats.modeled_us, plan.stats.lower_bound_us,
       plan.stats.compile_us);
   for (const StrategyCost& c : plan.stats.candidates) {
@@ -136,8 +143,8 @@ std::string PlanSummaryText(const Plan& plan) {
                           c.modeled_us);
   }
   absl::StrAppend(&out,
-                  "rank node heads   tokens      area  fwd_recv_B  fwd_send_B  lower_bound_B  "
-                  "bwd_recv_B  peak_buf_B  fwd_us  bwd_us  ranges\n");
+                  "rank node heads   tokens      area  fwd_recv_B   inter_B  fwd_send_B  "
+                  "lower_bound_B  bwd_recv_B  peak_buf_B  fwd_us  bwd_us  ranges\n");
   for (const RankPlan& rp : plan.ranks) {
     const RankStats& s = rp.stats;
     std::string ranges;
@@ -146,9 +153,11 @@ std::string PlanSummaryText(const Plan& plan) {
       absl::StrAppend(&ranges, i ? " " : "", "[", rs[i].begin, ",", rs[i].end, ")");
     }
     if (rs.size() > 4) absl::StrAppend(&ranges, " +", rs.size() - 4);
-    absl::StrAppendFormat(&out, "%4d %4d %2d-%-3d %8d %9d %11d %11d %14d %11d %11d %7.1f %7.1f  %s\n",
+    absl::StrAppendFormat(&out,
+                          "%4d %4d %2d-%-3d %8d %9d %11d %9d %11d %14d %11d %11d %7.1f %7.1f  %s\n",
                           rp.rank, rp.node, rp.q_head_begin, rp.q_head_end, s.tokens, s.area,
-                          s.FwdRecvBytes(), s.FwdSendBytes(), s.lower_bound_recv_bytes,
+                          s.FwdRecvBytes(), s.fwd_recv_bytes[static_cast<int>(LinkTier::kInterNode)],
+                          s.FwdSendBytes(), s.lower_bound_recv_bytes,
                           s.BwdRecvBytes(), s.peak_recv_buffer_bytes, s.fwd_us, s.bwd_us, ranges);
   }
   return out;

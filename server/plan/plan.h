@@ -48,7 +48,9 @@
 namespace hsap::plan {
 
 // Bump when the meaning or layout of a plan changes: it is hashed into keys.
-inline constexpr uint32_t kPlanFormatVersion = 2;  // 2: dK/dV partials travel in fp32
+// 2: dK/dV partials travel in fp32; 3: `balanced` places documents on nodes
+// first on several nodes.
+inline constexpr uint32_t kPlanFormatVersion = 3;
 
 enum class LinkTier : uint8_t {
   kIntraNode = 0,  // NVLink / shared memory
@@ -199,6 +201,16 @@ struct PlanStats {
   int64_t total_fwd_bytes = 0;    // sum over ranks of forward receive bytes
   int64_t total_bwd_bytes = 0;
   std::array<int64_t, kNumTiers> total_fwd_bytes_by_tier{};
+  // Inter-node forward receive bytes of the busiest rank (the sum over
+  // ranks is total_fwd_bytes_by_tier[kInterNode]).
+  int64_t max_fwd_inter_recv_bytes = 0;
+  // The inter-node exact need of the layout (DESIGN.md §8), x kappa (K and
+  // V, every head): summed over nodes, and of the busiest node. No plan
+  // that computes each query on its own node (every strategy but ulysses
+  // over several nodes, which moves queries instead) moves fewer forward
+  // bytes across nodes for this assignment; 0 on one node.
+  int64_t inter_node_need_bytes = 0;
+  int64_t max_node_inter_need_bytes = 0;
   double fwd_us = 0;  // modeled layer time: sum over stages of the slowest rank
   double bwd_us = 0;
   double modeled_us = 0;  // fwd_us + bwd_us

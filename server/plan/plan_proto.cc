@@ -332,6 +332,9 @@ pb::PlanStats PlanStatsToProto(const PlanStats& s) {
   p.set_total_fwd_bytes(s.total_fwd_bytes);
   p.set_total_bwd_bytes(s.total_bwd_bytes);
   for (int t = 0; t < kNumTiers; ++t) p.add_total_fwd_bytes_by_tier(s.total_fwd_bytes_by_tier[t]);
+  p.set_max_fwd_inter_recv_bytes(s.max_fwd_inter_recv_bytes);
+  p.set_inter_node_need_bytes(s.inter_node_need_bytes);
+  p.set_max_node_inter_need_bytes(s.max_node_inter_need_bytes);
   p.set_fwd_us(s.fwd_us);
   p.set_bwd_us(s.bwd_us);
   p.set_modeled_us(s.modeled_us);
@@ -429,6 +432,9 @@ absl::StatusOr<Plan> PlanFromProto(const pb::Plan& p) {
   s.total_fwd_bytes = ps.total_fwd_bytes();
   s.total_bwd_bytes = ps.total_bwd_bytes();
   ArrayFrom(ps.total_fwd_bytes_by_tier(), &s.total_fwd_bytes_by_tier);
+  s.max_fwd_inter_recv_bytes = ps.max_fwd_inter_recv_bytes();
+  s.inter_node_need_bytes = ps.inter_node_need_bytes();
+  s.max_node_inter_need_bytes = ps.max_node_inter_need_bytes();
   s.fwd_us = ps.fwd_us();
   s.bwd_us = ps.bwd_us();
   s.modeled_us = ps.modeled_us();

@@ -56,6 +56,23 @@ TEST_F(PlansServiceTest, DispatchCoversEveryTokenOnce) {
   for (int t = 0; t < 1000; ++t) ASSERT_EQ(seen[t], 1) << "token " << t;
   EXPECT_EQ(resp.strategy(), hsap::v1::STRATEGY_SAP);
   EXPECT_EQ(resp.plan_key().size(), 32u);
+  // The inter-node figures: per rank, their busiest and total in the
+  // stats, at least the layout's inter-node need, which is more than zero
+  // (the 600-token document does not fit in a node's 500) and less than
+  // every token's K/V.
+  ASSERT_EQ(resp.inter_recv_bytes_per_rank_size(), 4);
+  int64_t total = 0, busiest = 0;
+  for (int64_t b : resp.inter_recv_bytes_per_rank()) {
+    total += b;
+    busiest = std::max(busiest, b);
+  }
+  EXPECT_EQ(resp.stats().total_fwd_bytes_by_tier(1), total);
+  EXPECT_EQ(resp.stats().max_fwd_inter_recv_bytes(), busiest);
+  EXPECT_GE(total, resp.stats().inter_node_need_bytes());
+  const int64_t kappa = 2 * 2 * 64 * 2;  // K and V, Hkv 2, D 64, bf16
+  EXPECT_GT(resp.stats().inter_node_need_bytes(), 0);
+  EXPECT_LT(resp.stats().inter_node_need_bytes(), 1000 * kappa);
+  EXPECT_LE(resp.stats().max_node_inter_need_bytes(), resp.stats().inter_node_need_bytes());
 }
 
 TEST_F(PlansServiceTest, CompileListShowEvict) {
