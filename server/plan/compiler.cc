@@ -315,30 +315,13 @@ void FillRankStats(const RankBytes& rb, RankStats* rs) {
 // layout's inter-node exact need: per node, the keys its rows see that no
 // rank of the node holds.
 void FinishStats(const std::vector<MaskSlice>& slices, const SliceIndex& index,
-                 const PlanSpec& spec, const Dispatch& dispatch, ThreadPool* pool, Plan* plan) {
+                 const PlanSpec& spec, const Dispatch& dispatch, Plan* plan) {
   PlanStats& ps = plan->stats;
   const Topology& topo = spec.topology;
-  if (topo.num_nodes > 1) {
-    const int64_t kappa = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
-    std::vector<int64_t> need(topo.num_nodes, 0);
-    ForEachIndex(pool, topo.num_nodes, [&](int64_t n) {
-      std::vector<TokenRange> rows;
-      for (int32_t i = 0; i < topo.devices_per_node; ++i) {
-        const auto& r = dispatch.ranges[n * topo.devices_per_node + i];
-        rows.insert(rows.end(), r.begin(), r.end());
-      }
-      std::vector<OwnerSegment> held;
-      int64_t row = 0;
-      for (const TokenRange& t : Normalize(std::move(rows))) {
-        held.push_back({t.begin, t.end, static_cast<int32_t>(n), row});
-        row += t.size();
-      }
-      need[n] = TotalTokens(ExactNeed(ComputeDemands(index, held), held)) * kappa;
-    });
-    for (int64_t b : need) {
-      ps.inter_node_need_bytes += b;
-      ps.max_node_inter_need_bytes = std::max(ps.max_node_inter_need_bytes, b);
-    }
+  const int64_t kappa = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
+  for (int64_t tokens : NodeInterNeedTokens(index, dispatch, topo)) {
+    ps.inter_node_need_bytes += tokens * kappa;
+    ps.max_node_inter_need_bytes = std::max(ps.max_node_inter_need_bytes, tokens * kappa);
   }
   ps.total_area = 0;
   for (const MaskSlice& s : slices) ps.total_area += SliceArea(s);
@@ -514,7 +497,7 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     FillRankStats(rb, &rs);
     models[d] = ModelRank(profile, spec.shape.head_dim, area, rb.fwd, rb.bwd, &rp);
   });
-  FinishStats(slices, index, spec, dispatch, pool, &plan);
+  FinishStats(slices, index, spec, dispatch, &plan);
   if (profile.inter_link_ranks > 1) {
     // A shared link's term needs all its ranks' bytes: modeled again, whole.
     ModelPlanTime(profile, &plan);

@@ -107,4 +107,25 @@ std::vector<TokenRange> ExactNeed(absl::Span<const Demand> demands,
   return out;
 }
 
+std::vector<int64_t> NodeInterNeedTokens(const SliceIndex& index, const Dispatch& dispatch,
+                                         const Topology& topology) {
+  std::vector<int64_t> need(topology.num_nodes, 0);
+  if (topology.num_nodes <= 1) return need;
+  for (int32_t n = 0; n < topology.num_nodes; ++n) {
+    std::vector<TokenRange> rows;
+    for (int32_t r = n * topology.devices_per_node;
+         r < (n + 1) * topology.devices_per_node && r < dispatch.num_ranks(); ++r) {
+      rows.insert(rows.end(), dispatch.ranges[r].begin(), dispatch.ranges[r].end());
+    }
+    std::vector<OwnerSegment> held;
+    int64_t row = 0;
+    for (const TokenRange& t : Normalize(std::move(rows))) {
+      held.push_back({t.begin, t.end, n, row});
+      row += t.size();
+    }
+    need[n] = TotalTokens(ExactNeed(ComputeDemands(index, held), held));
+  }
+  return need;
+}
+
 }  // namespace hsap::plan

@@ -75,6 +75,12 @@ std::vector<Demand> ComputeDemands(const SliceIndex& index, absl::Span<const Own
 std::vector<TokenRange> ExactNeed(absl::Span<const Demand> demands,
                                   absl::Span<const OwnerSegment> home);
 
+// Per node of `topology` (ranks r / devices_per_node), its inter-node exact
+// need (DESIGN.md §8) in tokens: the keys its rows see that no rank of the
+// node holds. All zero on one node.
+std::vector<int64_t> NodeInterNeedTokens(const SliceIndex& index, const Dispatch& dispatch,
+                                         const Topology& topology);
+
 }  // namespace hsap::plan
 
 #endif  // HSAP_SERVER_PLAN_DEMAND_H_

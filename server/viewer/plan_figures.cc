@@ -242,28 +242,8 @@ std::vector<int64_t> InterNodeExactNeedBytes(const Plan& plan) {
   const std::vector<MaskSlice> slices = plan::ResolveSlices(plan.spec);
   const plan::SliceIndex index(slices);
   const int64_t kappa = plan::KvRowBytes(plan.spec.shape, plan.spec.shape.num_heads_kv);
-  std::vector<int64_t> out(topo.num_nodes, 0);
-  if (topo.num_nodes <= 1) return out;
-  for (int32_t n = 0; n < topo.num_nodes; ++n) {
-    std::vector<plan::TokenRange> held;
-    for (int32_t r = n * topo.devices_per_node; r < (n + 1) * topo.devices_per_node; ++r) {
-      if (r < plan.dispatch.num_ranks()) {
-        const auto& ranges = plan.dispatch.ranges[r];
-        held.insert(held.end(), ranges.begin(), ranges.end());
-      }
-    }
-    held = plan::Normalize(std::move(held));
-    std::vector<plan::OwnerSegment> home;
-    int64_t row = 0;
-    for (const plan::TokenRange& t : held) {
-      home.push_back({t.begin, t.end, n, row});
-      row += t.size();
-    }
-    const std::vector<plan::Demand> demands = plan::ComputeDemands(index, home);
-    int64_t tokens = 0;
-    for (const plan::TokenRange& t : plan::ExactNeed(demands, home)) tokens += t.size();
-    out[n] = tokens * kappa;
-  }
+  std::vector<int64_t> out = plan::NodeInterNeedTokens(index, plan.dispatch, topo);
+  for (int64_t& b : out) b *= kappa;
   return out;
 }
 

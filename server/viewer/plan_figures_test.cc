@@ -70,6 +70,20 @@ TEST_P(EveryStrategy, TiersTrafficAndTimelineMatchTheStatistics) {
     }
     EXPECT_EQ(total, p.stats.total_fwd_bytes) << where;
     EXPECT_EQ(node_total, total) << where;
+    // The page's inter-node figures are the plan's statistics.
+    int64_t inter_total = 0, inter_max = 0, need_total = 0, need_max = 0;
+    for (const TierSplit& t : tiers) {
+      inter_total += t.fwd[1];
+      inter_max = std::max(inter_max, t.fwd[1]);
+    }
+    for (int64_t b : InterNodeExactNeedBytes(p)) {
+      need_total += b;
+      need_max = std::max(need_max, b);
+    }
+    EXPECT_EQ(inter_total, p.stats.total_fwd_bytes_by_tier[1]) << where;
+    EXPECT_EQ(inter_max, p.stats.max_fwd_inter_recv_bytes) << where;
+    EXPECT_EQ(need_total, p.stats.inter_node_need_bytes) << where;
+    EXPECT_EQ(need_max, p.stats.max_node_inter_need_bytes) << where;
     // Node diagonal: the intra-node bytes.
     int64_t diagonal = 0;
     for (int n = 0; n < nodes; ++n) diagonal += nodes_m.fwd[n * nodes + n];
