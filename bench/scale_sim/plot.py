@@ -3,8 +3,11 @@
     /usr/bin/python3 bench/scale_sim/plot.py docs/figures/scale_sim.tsv docs/figures [LABEL]
 
 writes scale_time.{png,svg} (modeled layer time, forward + backward, summed
-over the packs, against GPU count) and scale_bytes.{png,svg} (forward bytes
-received by the busiest rank), one panel per T, one line per strategy;
+over the packs, against GPU count; floors: compute, and the busiest node's
+inter-node exact need over one of its links) and scale_bytes.{png,svg}
+(forward bytes received by the busiest rank: all link tiers solid, the
+inter-node part thin and dashed where a compiled plan gives it), one panel
+per T, one line per strategy;
 filled markers where the figure comes from a compiled plan, hollow ones
 (dashed line) where it is auto's lower bound of the strategy's modeled time
 (bytes: the closed forms); the floors in black. Debian's python3-matplotlib,
@@ -41,6 +44,7 @@ def read(path):
             r["gpus"] = int(r["gpus"])
             r["modeled_ms"] = float(r["modeled_ms"])
             r["busiest_mib"] = float(r["busiest_mib"])
+            r["busiest_inter_mib"] = float(r["busiest_inter_mib"])  # nan: bound rows
             rows.append(r)
     return rows
 
@@ -49,9 +53,15 @@ def tokens_label(t):
     return "%dM" % (t >> 20) if t >= (1 << 20) else "%dK" % (t >> 10)
 
 
-def panel(ax, rows, t, column, floors):
+def panel(ax, rows, t, column, floors, second=None):
     here = [r for r in rows if r["tokens"] == t]
     for s in STRATEGIES:
+        if second is not None:
+            pts = sorted((r["gpus"], r[second]) for r in here
+                         if r["strategy"] == s and r[second] == r[second] and r[second] > 0)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=STYLE[s][0],
+                        linewidth=0.7, linestyle="--", zorder=2)
         pts = sorted((r["gpus"], r[column], r["source"]) for r in here if r["strategy"] == s)
         if not pts:
             continue
@@ -75,14 +85,14 @@ def panel(ax, rows, t, column, floors):
     ax.tick_params(labelsize=8)
 
 
-def figure(rows, column, ylabel, floors, title, out_base):
+def figure(rows, column, ylabel, floors, title, out_base, second=None):
     tokens = sorted({r["tokens"] for r in rows})
     cols = 3 if len(tokens) > 2 else len(tokens)
     nrows = (len(tokens) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
     for i, t in enumerate(tokens):
         ax = axes[i // cols][i % cols]
-        panel(ax, rows, t, column, floors)
+        panel(ax, rows, t, column, floors, second)
         if i % cols == 0:
             ax.set_ylabel(ylabel, fontsize=9)
         if i // cols == nrows - 1:
@@ -112,13 +122,15 @@ def main(argv):
             "bound of the modeled time and the closed-form bytes")
     figure(rows, "modeled_ms", "modeled ms",
            [("compute_floor", "--", "compute floor"),
-            ("exact_need", "-.", "exact need over one inter-node link")],
+            ("inter_need", "-.", "inter-node need over one link (busiest node)")],
            "Modeled layer time (fwd + bwd, summed over the packs), %s, python-stdlib\n%s" % (profile, note),
            os.path.join(argv[2], "scale_time"))
     figure(rows, "busiest_mib", "busiest rank, MiB",
-           [("exact_need", "-.", "exact need (busiest rank)")],
-           "Forward bytes received by the busiest rank (summed over the packs), python-stdlib\n" + note,
-           os.path.join(argv[2], "scale_bytes"))
+           [("exact_need", "-.", "exact need (busiest rank)"),
+            ("inter_need", ":", "inter-node need per link (busiest node)")],
+           "Forward bytes received by the busiest rank (summed over the packs; thin dashed: "
+           "inter-node only), python-stdlib\n" + note,
+           os.path.join(argv[2], "scale_bytes"), second="busiest_inter_mib")
     return 0
 
 

@@ -278,8 +278,9 @@ std::string PointTsv(const SimPoint& p) {
   absl::StrAppendFormat(&out, "%d\t%d\t%d\texact_need\t-\tfloor\t%.6f\t%.6f\tnan\tnan\n",
                         p.tokens, p.nodes, gpus, p.floors.exact_need_us / 1e3,
                         p.floors.exact_need_bytes / 1048576.0);
-  absl::StrAppendFormat(&out, "%d\t%d\t%d\tinter_need\t-\tfloor\t%.6f\tnan\t%.6f\tnan\n",
+  absl::StrAppendFormat(&out, "%d\t%d\t%d\tinter_need\t-\tfloor\t%.6f\t%.6f\t%.6f\tnan\n",
                         p.tokens, p.nodes, gpus, p.floors.inter_need_us / 1e3,
+                        p.floors.inter_need_bytes / 1048576.0,
                         p.floors.inter_need_bytes / 1048576.0);
   return out;
 }
