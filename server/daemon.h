@@ -83,7 +83,7 @@ struct DaemonOptions {
   // The cost model's hardware profile for plans whose request names none:
   // every Attention call, and Plans requests with an empty profile.
   // "measured" (plan::kMeasuredProfile): what the daemon measures (see
-  // hsapd --help and docs/planner.md, "Measured profiles").
+  // hsapd --help and docs/cost_model.md, "Measured profiles").
   std::string profile = "measured";
   // Deadline of a call whose request gives none (CallOptions.deadline_ms 0).
   absl::Duration call_deadline = absl::Seconds(60);

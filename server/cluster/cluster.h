@@ -214,7 +214,7 @@ class Cluster {
   void AbortCall(const std::string& group, uint64_t call_seq, const absl::Status& reason,
                  const std::vector<int32_t>& members = {});
 
-  // The measured cost profile (docs/planner.md, "Measured profiles").
+  // The measured cost profile (docs/cost_model.md, "Measured profiles").
   // `local(dtype, head_dim)`: this node's compute rate and intra-node tier
   // (the inter-node figures are the cluster's to fill). Set before Start.
   using LocalProfileFn =

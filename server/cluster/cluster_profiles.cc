@@ -1,5 +1,5 @@
 // Cluster: the measured cost profile of a group (GroupProfile, its RPC, the
-// link probes). See cluster.h and docs/planner.md, "Measured profiles".
+// link probes). See cluster.h and docs/cost_model.md, "Measured profiles".
 #include <algorithm>
 #include <limits>
 #include <map>

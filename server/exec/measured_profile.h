@@ -1,6 +1,6 @@
 // MeasuredProfiles: what this daemon measured of itself, for the cost
 // model's `measured` profile (hsapd --profile=measured, the default;
-// docs/planner.md, "Measured profiles").
+// docs/cost_model.md, "Measured profiles").
 //
 // Compute: the first time a plan needs a (dtype, head dim), a short causal
 // attention run — one head of N tokens with N chosen so that a forward is

@@ -81,7 +81,7 @@ inline constexpr absl::string_view kCustomProfilePrefix = "custom:";
 
 // hsapd's --profile default: not a profile but the rule that a daemon plans
 // with what it measured (its compute rate per dtype and head dim, its links
-// to a group's members; docs/planner.md, "Measured profiles"), resolved to
+// to a group's members; docs/cost_model.md, "Measured profiles"), resolved to
 // a parametric profile before any plan is compiled. ParseHardwareProfile
 // refuses it.
 inline constexpr absl::string_view kMeasuredProfile = "measured";

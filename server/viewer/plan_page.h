@@ -1,5 +1,5 @@
 // The plan viewer: one self-contained HTML page per compiled plan, and the
-// plan cache's index page (docs/planner.md, "Plan cache inspection").
+// plan cache's index page (docs/plan_viewer.md, "Plan cache inspection").
 //
 // A plan page is inline SVG, inline CSS and a little plain JavaScript
 // (tooltips), with a Content-Security-Policy that allows nothing to be

@@ -7,7 +7,7 @@
 //
 // The pages are read-only views of the cache: Show() and List(), which
 // neither count as hits nor change the LRU order. Access is that of the
-// metrics port (docs/planner.md, "Plan cache inspection").
+// metrics port (docs/plan_viewer.md, "Plan cache inspection").
 #ifndef HSAP_SERVER_VIEWER_PLANS_HTTP_H_
 #define HSAP_SERVER_VIEWER_PLANS_HTTP_H_
 
