@@ -58,7 +58,7 @@ log="$tmp/demo.log"
 status=0
 (cd "$empty/hsap" && bash scripts/demo.sh) >"$log" 2>&1 || status=$?
 echo "fresh_clone_test: command one (build from scratch + demo) took $((SECONDS - start)) s, exit $status"
-grep -E "^(strategy|ring|ulysses|usp|sap|hsap|auto) |^CHECK|^demo: hsap_demo took|Elapsed time" "$log" || true
+grep -E "^(strategy|ring|ulysses|usp|sap|hsap|auto) |^CHECK|^demo: hsap_demo took|Elapsed time|processes: " "$log" || true
 if [ $status -ne 0 ] || ! grep -q "^CHECK PASSED" "$log"; then
   echo "fresh_clone_test: command one did not pass; its output:" >&2
   tail -n 80 "$log" >&2
