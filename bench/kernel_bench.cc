@@ -1,24 +1,36 @@
-// kernel_bench: useful GFLOP/s of the CPU attention kernels next to the
-// machine's fp32 GEMM rate, measured in the same run on the same threads.
+// kernel_bench: useful GFLOP/s of the CPU attention kernels as a share of
+// the machine's FMA peak and of its fp32 GEMM rate, all measured in the same
+// run on the same threads, on every SIMD target the kernels dispatch to.
 //
-// Workload: document lengths from a workloads file (one per line), shuffled
-// with a fixed seed, concatenated and cut; the first T-token pack is used,
-// causal per document (DESIGN.md §8 "mask area"). Useful FLOPs count each
-// allowed (q, k) pair once: forward 4 * area * Hq * D, backward
-// 10 * area * Hq * D, area = sum of SliceArea.
+// Per SIMD target (the dispatcher pinned to it with
+// hwy::SetSupportedTargetsForTest, as attention_test does):
+//  * FMA peak: every thread runs independent chains of vector FMAs (more
+//    chains than latency x issue width, so the FMA units never wait), the
+//    best of many short trials: the machine's limit at that vector width.
+//  * GEMM rate: fp32 C = A B at 1920^3, the larger of this file's own
+//    blocked Highway sgemm at that target and OpenBLAS (dlopen'ed after
+//    setting OPENBLAS_CORETYPE for the detected CPU: Debian's DYNAMIC_ARCH
+//    build otherwise may pick a generic core; OpenBLAS runs its own kernels
+//    whatever the target, so it is a reference figure), the best of all
+//    runs.
+//  * Attention: fp32 and bf16 x D in {32, 64, 128, 256} x MHA (Hq = Hkv = 8)
+//    and GQA 4:1 (Hq = 8, Hkv = 2) x two masks: the first --tokens pack of
+//    workloads/python-stdlib.tokens (common/workload.h: shuffled with
+//    --seed, concatenated, cut), causal per document; and one full
+//    (bidirectional) document of --full_tokens. Useful FLOPs count each
+//    allowed (q, k) pair once: forward 4 * area * Hq * D, backward
+//    10 * area * Hq * D. Medians of --reps repetitions after one warm-up
+//    forward.
 //
-// GEMM rate: the larger of (a) this file's own blocked sgemm written with
-// Highway at the CPU's real vector width (AVX2: 8 floats, AVX-512: 16) and
-// (b) OpenBLAS, dlopen'ed after setting OPENBLAS_CORETYPE for the detected
-// CPU (Debian's DYNAMIC_ARCH build otherwise may pick a generic core).
-//
-// Attention rates are medians of --reps repetitions, on --threads threads.
-// The machine GEMM rate is the best of all GEMM runs (a median of 5+ per
-// library at start, plus runs between the attention repetitions), so load
-// from other work on the machine can only lower the ratios. The last line is
-// `fwd_vs_gemm=<r> bwd_vs_gemm=<r>` for D = 128, fp32.
+// Peak and GEMM are best-of figures, the kernels medians, so load from
+// other work on the machine can only lower the shares. The load average is
+// printed at the start and the end. The last two lines are
+//   fwd_vs_gemm=<min> bwd_vs_gemm=<min>
+//   fwd_vs_peak=<min> bwd_vs_peak=<min>
+// the minimum over every shape and target measured.
 //
 //   bazel run //bench:kernel_bench -- --threads=2 --reps=3
+//   bazel run //bench:kernel_bench -- --targets=AVX2 --dims=128 --dtypes=bf16
 
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4 | HWY_AVX3_DL)
@@ -40,24 +52,57 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/mask.h"
 #include "common/workload.h"
 #include "hwy/aligned_allocator.h"
+#include "hwy/targets.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/tile_kernels.h"
 
-// ---------------------------------------------------------------------------
-// Blocked SIMD sgemm: C[M, N] = A[M, K] B[K, N], row-major, M % 96 == 0,
-// N % (2 * lanes) == 0. Packed A panels of 6 rows, packed B panels of two
-// vectors, kc = 256, 6 x 2-vector register tile (as the attention kernels).
 HWY_BEFORE_NAMESPACE();
 namespace hsap::bench {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// ---------------------------------------------------------------------------
+// FMA throughput: kChains independent accumulators, each updated by one FMA
+// per step. 12 chains fill the FMA units of every x86 target (Zen 4, Intel:
+// latency 4 x 2 units of 8 lanes, or 1 unit of 16) and fit the 16 registers
+// of AVX2 next to the two operands. Returns a value so nothing is elided.
+constexpr int kChains = 12;
+
+HWY_NOINLINE float FmaChains(int64_t steps) {
+  const hn::ScalableTag<float> d;
+  const auto m = hn::Set(d, 0.9999999f), c = hn::Set(d, 1e-7f);
+  auto a0 = hn::Set(d, 1.f), a1 = hn::Set(d, 2.f), a2 = hn::Set(d, 3.f), a3 = hn::Set(d, 4.f);
+  auto a4 = hn::Set(d, 5.f), a5 = hn::Set(d, 6.f), a6 = hn::Set(d, 7.f), a7 = hn::Set(d, 8.f);
+  auto a8 = hn::Set(d, 9.f), a9 = hn::Set(d, 10.f), a10 = hn::Set(d, 11.f), a11 = hn::Set(d, 12.f);
+  for (int64_t s = 0; s < steps; ++s) {
+    a0 = hn::MulAdd(a0, m, c); a1 = hn::MulAdd(a1, m, c); a2 = hn::MulAdd(a2, m, c);
+    a3 = hn::MulAdd(a3, m, c); a4 = hn::MulAdd(a4, m, c); a5 = hn::MulAdd(a5, m, c);
+    a6 = hn::MulAdd(a6, m, c); a7 = hn::MulAdd(a7, m, c); a8 = hn::MulAdd(a8, m, c);
+    a9 = hn::MulAdd(a9, m, c); a10 = hn::MulAdd(a10, m, c); a11 = hn::MulAdd(a11, m, c);
+  }
+  auto sum = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)),
+                     hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+  sum = hn::Add(sum, hn::Add(hn::Add(a8, a9), hn::Add(a10, a11)));
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+size_t FloatLanes() { return hn::Lanes(hn::ScalableTag<float>()); }
+
+// FLOPs of one FmaChains step.
+double FmaChainsStepFlops() { return 2.0 * kChains * FloatLanes(); }
+
+// ---------------------------------------------------------------------------
+// Blocked SIMD sgemm: C[M, N] = A[M, K] B[K, N], row-major, M % 96 == 0,
+// N % (2 * lanes) == 0. Packed A panels of 6 rows, packed B panels of two
+// vectors, kc = 256, 6 x 2-vector register tile.
 constexpr int kMr = 6;
 
 size_t PanelWidth() { return 2 * hn::Lanes(hn::ScalableTag<float>()); }
@@ -143,6 +188,9 @@ namespace hsap::bench {
 namespace {
 
 HWY_EXPORT(Sgemm);
+HWY_EXPORT(FmaChains);
+HWY_EXPORT(FloatLanes);
+HWY_EXPORT(FmaChainsStepFlops);
 
 using kernels::cpu::AttentionShape;
 using kernels::cpu::ThreadPool;
@@ -153,6 +201,46 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+double Seconds(const std::function<void()>& fn) {
+  const auto start = Clock::now();
+  fn();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The 1-minute load average: other work on the machine skews every rate.
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  in >> one;
+  return one.empty() ? "?" : one;
+}
+
+// The FMA peak of `pool`'s threads at the dispatched target, GFLOP/s: the
+// best of `trials` runs of about 20 ms. The work is cut in 16 pieces per
+// thread so that dynamic scheduling keeps every thread busy to the end.
+double FmaPeak(ThreadPool* pool, int threads, int trials) {
+  const int64_t pieces = 16 * int64_t{threads};
+  int64_t steps = 1 << 12;
+  // Calibrate: grow the piece until a trial takes 20 ms.
+  for (;;) {
+    const double s = Seconds([&] {
+      pool->ParallelFor(pieces, [&](int64_t) { HWY_DYNAMIC_DISPATCH(FmaChains)(steps); });
+    });
+    if (s > 0.02 || steps > (int64_t{1} << 30)) break;
+    steps *= 2;
+  }
+  const double flops = HWY_DYNAMIC_DISPATCH(FmaChainsStepFlops)() * steps * pieces;
+  double best = 0;
+  volatile float sink = 0;
+  for (int t = 0; t < trials; ++t) {
+    const double s = Seconds([&] {
+      pool->ParallelFor(pieces, [&](int64_t) { sink = HWY_DYNAMIC_DISPATCH(FmaChains)(steps); });
+    });
+    best = std::max(best, flops / s * 1e-9);
+  }
+  return best;
+}
+
 // OPENBLAS_CORETYPE for this CPU (Debian's OpenBLAS is a DYNAMIC_ARCH build).
 const char* OpenBlasCoreType() {
   __builtin_cpu_init();
@@ -161,8 +249,8 @@ const char* OpenBlasCoreType() {
   return nullptr;
 }
 
-// fp32 GEMM C = A B at 1920^3 with the own sgemm and (when present)
-// OpenBLAS, on the same threads as the attention kernels.
+// fp32 GEMM C = A B at 1920^3 with the own sgemm (at the dispatched target)
+// and, when present, OpenBLAS, on the same threads as the attention kernels.
 class GemmBench {
  public:
   static constexpr int64_t kSize = 1920;  // multiple of 96 and of 32
@@ -203,8 +291,6 @@ class GemmBench {
              b_.data(), kSize, 0.f, c_blas_.data(), kSize);
     });
   }
-  // The machine rate right now: the faster of the two.
-  double BestOnce() { return std::max(OwnOnce(), BlasOnce()); }
 
   // Exits if the own sgemm and OpenBLAS disagree (one rate would be meaningless).
   void CheckAgreement() const {
@@ -224,10 +310,7 @@ class GemmBench {
   using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
                            int, float, float*, int);
   double Rate(const std::function<void()>& fn) {
-    const auto start = Clock::now();
-    fn();
-    const double s = std::chrono::duration<double>(Clock::now() - start).count();
-    return 2.0 * kSize * kSize * kSize / s * 1e-9;
+    return 2.0 * kSize * kSize * kSize / Seconds(fn) * 1e-9;
   }
 
   ThreadPool* pool_;
@@ -236,33 +319,37 @@ class GemmBench {
   std::string blas_core_;
 };
 
-// The first `tokens`-token pack of the shuffled, concatenated documents.
-std::vector<int64_t> PackCuSeqlens(const std::string& path, int64_t tokens, uint64_t seed) {
-  std::ifstream in(path);
-  std::vector<int64_t> lengths;
-  for (int64_t len; in >> len;) {
-    if (len > 0) lengths.push_back(len);
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
   }
-  if (lengths.empty()) {
-    std::fprintf(stderr, "no document lengths in %s\n", path.c_str());
-    std::exit(1);
-  }
-  std::mt19937_64 rng(seed);
-  std::shuffle(lengths.begin(), lengths.end(), rng);
-  std::vector<int64_t> cu = {0};
-  for (size_t i = 0; cu.back() < tokens; i = (i + 1) % lengths.size()) {
-    cu.push_back(std::min(tokens, cu.back() + lengths[i]));
-  }
-  return cu;
+  return out;
 }
 
 struct Options {
   std::string workload = FindWorkload();
-  int64_t tokens = 16384;
+  int64_t tokens = 8192;       // the causal pack
+  int64_t full_tokens = 4096;  // the one full document
   int threads = 2;
   int reps = 3;
   uint64_t seed = 2026;
+  std::vector<std::string> targets;  // empty: every target this CPU runs
+  std::vector<std::string> dtypes = {"fp32", "bf16"};
+  std::vector<int> dims = {32, 64, 128, 256};
+  std::vector<std::string> heads = {"mha", "gqa"};
+  std::vector<std::string> masks = {"causal", "full"};
 };
+
+[[noreturn]] void Usage() {
+  std::fprintf(stderr,
+               "usage: kernel_bench [--workload=FILE] [--tokens=8192] [--full_tokens=4096] "
+               "[--threads=2] [--reps=3] [--seed=2026] [--targets=AVX3,AVX2,...] "
+               "[--dtypes=fp32,bf16] [--dims=32,64,128,256] [--heads=mha,gqa] "
+               "[--masks=causal,full]\n");
+  std::exit(2);
+}
 
 Options ParseOptions(int argc, char** argv) {
   Options o;
@@ -274,25 +361,101 @@ Options ParseOptions(int argc, char** argv) {
     };
     if (const char* v = value("workload")) o.workload = v;
     else if (const char* v = value("tokens")) o.tokens = std::atoll(v);
-    else if (const char* v = value("threads")) o.threads = std::atoi(v);
+    else if (const char* v = value("full_tokens")) o.full_tokens = std::atoll(v);
+    else if (const char* v = value("threads")) o.threads = std::max(1, std::atoi(v));
     else if (const char* v = value("reps")) o.reps = std::max(1, std::atoi(v));
     else if (const char* v = value("seed")) o.seed = std::strtoull(v, nullptr, 10);
-    else {
-      std::fprintf(stderr,
-                   "usage: kernel_bench [--workload=FILE] [--tokens=16384] [--threads=2] "
-                   "[--reps=3] [--seed=2026]\n");
-      std::exit(2);
+    else if (const char* v = value("targets")) o.targets = SplitList(v);
+    else if (const char* v = value("dtypes")) o.dtypes = SplitList(v);
+    else if (const char* v = value("heads")) o.heads = SplitList(v);
+    else if (const char* v = value("masks")) o.masks = SplitList(v);
+    else if (const char* v = value("dims")) {
+      o.dims.clear();
+      for (const std::string& d : SplitList(v)) o.dims.push_back(std::atoi(d.c_str()));
+    } else {
+      Usage();
     }
   }
+  for (const std::string& h : o.heads) {
+    if (h != "mha" && h != "gqa") Usage();
+  }
+  for (const std::string& m : o.masks) {
+    if (m != "causal" && m != "full") Usage();
+  }
+  for (int d : o.dims) {
+    if (d < 1 || d > 256) Usage();
+  }
+  if (o.tokens < 1 || o.full_tokens < 1) Usage();
   return o;
 }
 
-// The 1-minute load average: other work on the machine skews every rate.
-std::string LoadAverage() {
-  std::ifstream in("/proc/loadavg");
-  std::string one;
-  in >> one;
-  return one.empty() ? "?" : one;
+// Fills n elements of `dtype` with uniform values in [-1, 1) (splitmix64).
+void FillRandom(void* base, DType dtype, int64_t n, uint64_t seed) {
+  uint64_t x = seed;
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    StoreFromFloat(base, dtype, i, static_cast<float>(z >> 40) * 0x1p-23f - 1.f);
+  }
+}
+
+struct Mask {
+  std::string name;
+  int64_t tokens;
+  std::vector<MaskSlice> slices;
+  int64_t area = 0;
+};
+
+struct Row {
+  std::string target, mask;
+  DType dtype;
+  int hq, hkv, head_dim;
+  double fwd, bwd;  // GFLOP/s, medians
+  double peak, gemm;
+};
+
+// Forward and backward of one shape, medians of `reps`.
+Row MeasureShape(const Mask& mask, DType dtype, int hq, int hkv, int head_dim, int reps,
+                 ThreadPool* pool) {
+  AttentionShape shape{hq, hkv, head_dim, dtype,
+                       1.f / std::sqrt(static_cast<float>(head_dim))};
+  const int64_t T = mask.tokens;
+  const int64_t nq = T * hq * head_dim, nkv = T * hkv * head_dim;
+  const size_t es = DTypeSize(dtype);
+  std::vector<uint8_t> q(nq * es), k(nkv * es), v(nkv * es), o(nq * es), dout(nq * es),
+      dq(nq * es), dk(nkv * es), dv(nkv * es);
+  FillRandom(q.data(), dtype, nq, 1);
+  FillRandom(k.data(), dtype, nkv, 2);
+  FillRandom(v.data(), dtype, nkv, 3);
+  FillRandom(dout.data(), dtype, nq, 4);
+  std::vector<float> lse(static_cast<size_t>(hq) * T);
+  auto forward = [&] {
+    kernels::cpu::VarlenForward(shape, q.data(), k.data(), v.data(), T, T, mask.slices,
+                                o.data(), lse.data(), pool);
+  };
+  auto backward = [&] {
+    kernels::cpu::VarlenBackward(shape, q.data(), k.data(), v.data(), o.data(), lse.data(),
+                                 dout.data(), T, T, mask.slices, dq.data(), dk.data(),
+                                 dv.data(), pool);
+  };
+  forward();  // warm-up; also produces the O and LSE the backward reads
+  const double unit = static_cast<double>(mask.area) * hq * head_dim * 1e-9;
+  std::vector<double> fwd, bwd;
+  for (int r = 0; r < reps; ++r) {
+    fwd.push_back(4 * unit / Seconds(forward));
+    bwd.push_back(10 * unit / Seconds(backward));
+  }
+  Row row;
+  row.mask = mask.name;
+  row.dtype = dtype;
+  row.hq = hq;
+  row.hkv = hkv;
+  row.head_dim = head_dim;
+  row.fwd = Median(fwd);
+  row.bwd = Median(bwd);
+  return row;
 }
 
 int Main(int argc, char** argv) {
@@ -300,112 +463,134 @@ int Main(int argc, char** argv) {
   ThreadPool pool(opt.threads);
   const std::string load_before = LoadAverage();
 
+  // The masks.
+  const auto lengths = LoadDocumentLengths(opt.workload);
+  if (!lengths.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(lengths.status().message()).c_str());
+    return 1;
+  }
+  std::vector<Mask> masks;
+  for (const std::string& name : opt.masks) {
+    Mask m;
+    m.name = name;
+    if (name == "causal") {
+      m.tokens = opt.tokens;
+      const auto packs = PackDocuments(*lengths, opt.tokens, 1, opt.seed);
+      m.slices = LowerDocuments(packs[0], /*causal=*/true, /*window=*/-1);
+    } else {
+      m.tokens = opt.full_tokens;
+      m.slices = LowerDocuments(std::vector<int64_t>{0, opt.full_tokens}, /*causal=*/false, -1);
+    }
+    for (const MaskSlice& s : m.slices) m.area += SliceArea(s);
+    masks.push_back(std::move(m));
+  }
+
+  // The targets: every one compiled into the kernels that this CPU runs
+  // (best first), or those named.
+  std::vector<int64_t> targets;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    const std::string name = hwy::TargetName(t);
+    if (opt.targets.empty() ? (t & (HWY_EMU128 | HWY_SCALAR)) == 0
+                            : std::find(opt.targets.begin(), opt.targets.end(), name) !=
+                                  opt.targets.end()) {
+      targets.push_back(t);
+    }
+  }
+  if (targets.empty()) {
+    std::fprintf(stderr, "none of the named targets runs on this CPU\n");
+    return 1;
+  }
+
+  std::printf("kernel_bench: %d threads, median of %d reps, load average %s\n", opt.threads,
+              opt.reps, load_before.c_str());
+  for (const Mask& m : masks) {
+    int64_t longest = 0;
+    for (const MaskSlice& s : m.slices) longest = std::max(longest, s.num_q());
+    std::printf("mask %s: T=%lld tokens, %zu %s documents (longest %lld), area %lld pairs\n",
+                m.name.c_str(), static_cast<long long>(m.tokens), m.slices.size(),
+                m.name == "causal" ? "causal" : "full", static_cast<long long>(longest),
+                static_cast<long long>(m.area));
+  }
+
   GemmBench gemm(&pool, opt.threads);
-  gemm.OwnOnce();  // warm-up (and OpenBLAS thread start)
-  gemm.BlasOnce();
-  gemm.CheckAgreement();
-  std::vector<double> own, blas_rate;
-  for (int r = 0; r < std::max(opt.reps, 5); ++r) {
-    own.push_back(gemm.OwnOnce());
-    blas_rate.push_back(gemm.BlasOnce());
-  }
-
-  const std::vector<int64_t> cu = PackCuSeqlens(opt.workload, opt.tokens, opt.seed);
-  const std::vector<MaskSlice> slices = LowerDocuments(cu, /*causal=*/true, /*window=*/-1);
-  int64_t area = 0, longest = 0;
-  for (const MaskSlice& s : slices) {
-    area += SliceArea(s);
-    longest = std::max(longest, s.num_q());
-  }
-
-  std::printf("kernel_bench: SIMD target %s, %d threads, median of %d reps, load average %s\n",
-              kernels::cpu::internal::SimdTargetName(), opt.threads, opt.reps,
-              load_before.c_str());
-  std::printf("pack: T=%lld tokens, %zu causal documents (longest %lld), area %lld pairs\n",
-              static_cast<long long>(opt.tokens), slices.size(), static_cast<long long>(longest),
-              static_cast<long long>(area));
-  struct Row {
-    DType dtype;
-    int head_dim;
-    double fwd, bwd;  // GFLOP/s, medians
-  };
-  std::vector<double> gemm_samples;
+  gemm.BlasOnce();  // warm-up (and OpenBLAS thread start)
+  std::vector<double> blas_rates;
   std::vector<Row> rows;
-  const int kHeads = 8;
-  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-    for (int D : {64, 128}) {
-      AttentionShape shape{kHeads, kHeads, D, dtype, 1.f / std::sqrt(static_cast<float>(D))};
-      const int64_t n = opt.tokens * kHeads * D;
-      const size_t bytes = static_cast<size_t>(n) * DTypeSize(dtype);
-      std::vector<uint8_t> q(bytes), k(bytes), v(bytes), o(bytes), dout(bytes), dq(bytes),
-          dk(bytes), dv(bytes);
-      std::mt19937 rng(11);
-      std::uniform_real_distribution<float> u(-1.f, 1.f);
-      for (auto* t : {&q, &k, &v, &dout}) {
-        for (int64_t i = 0; i < n; ++i) StoreFromFloat(t->data(), dtype, i, u(rng));
+  for (size_t ti = 0; ti < targets.size(); ++ti) {
+    const int64_t target = targets[ti];
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string ran = kernels::cpu::internal::SimdTargetName();
+    const double peak = FmaPeak(&pool, opt.threads, 15);
+    gemm.OwnOnce();  // warm-up
+    if (ti == 0) gemm.CheckAgreement();
+    double own = 0;
+    for (int r = 0; r < 3; ++r) {
+      own = std::max(own, gemm.OwnOnce());
+      blas_rates.push_back(gemm.BlasOnce());
+    }
+    double blas = *std::max_element(blas_rates.begin(), blas_rates.end());
+    std::printf("\ntarget %s (kernels ran %s, %zu fp32 lanes): FMA peak %.1f GFLOP/s; fp32 "
+                "GEMM 1920^3: own sgemm %.1f, OpenBLAS %.1f GFLOP/s\n",
+                hwy::TargetName(target), ran.c_str(), HWY_DYNAMIC_DISPATCH(FloatLanes)(), peak,
+                own, blas);
+    std::printf("%-6s %-8s %3s %3s %4s  %11s %11s  %8s %8s  %8s %8s\n", "mask", "dtype", "Hq",
+                "Hkv", "D", "fwd GFLOP/s", "bwd GFLOP/s", "fwd/peak", "bwd/peak", "fwd/gemm",
+                "bwd/gemm");
+    for (const Mask& m : masks) {
+      for (const std::string& dt : opt.dtypes) {
+        DType dtype;
+        if (!ParseDType(dt, &dtype)) Usage();
+        for (int D : opt.dims) {
+          for (const std::string& h : opt.heads) {
+            Row row = MeasureShape(m, dtype, 8, h == "mha" ? 8 : 2, D, opt.reps, &pool);
+            row.target = hwy::TargetName(target);
+            row.peak = peak;
+            blas_rates.push_back(gemm.BlasOnce());  // GEMM samples spread over the run
+            blas = *std::max_element(blas_rates.begin(), blas_rates.end());
+            row.gemm = std::max(own, blas);
+            std::printf("%-6s %-8s %3d %3d %4d  %11.1f %11.1f  %8.3f %8.3f  %8.3f %8.3f\n",
+                        row.mask.c_str(), std::string(DTypeName(row.dtype)).c_str(), row.hq,
+                        row.hkv, row.head_dim, row.fwd, row.bwd, row.fwd / peak, row.bwd / peak,
+                        row.fwd / row.gemm, row.bwd / row.gemm);
+            std::fflush(stdout);
+            rows.push_back(row);
+          }
+        }
       }
-      std::vector<float> lse(static_cast<size_t>(kHeads) * opt.tokens);
-      auto forward = [&] {
-        kernels::cpu::VarlenForward(shape, q.data(), k.data(), v.data(), opt.tokens, opt.tokens,
-                                    slices, o.data(), lse.data(), &pool);
-      };
-      auto backward = [&] {
-        kernels::cpu::VarlenBackward(shape, q.data(), k.data(), v.data(), o.data(), lse.data(),
-                                     dout.data(), opt.tokens, opt.tokens, slices, dq.data(),
-                                     dk.data(), dv.data(), &pool);
-      };
-      auto seconds = [](const std::function<void()>& fn) {
-        const auto start = Clock::now();
-        fn();
-        return std::chrono::duration<double>(Clock::now() - start).count();
-      };
-      forward();  // warm-up; also produces the O and LSE the backward reads
-      backward();
-      const double unit = static_cast<double>(area) * kHeads * D;
-      // GEMM samples between the repetitions: the machine rate is the best
-      // GEMM seen anywhere in the run, so a busy moment (other work on the
-      // machine) can lower the ratios but never raise them.
-      std::vector<double> fwd, bwd;
-      for (int r = 0; r < opt.reps; ++r) {
-        fwd.push_back(4 * unit / seconds(forward) * 1e-9);
-        gemm_samples.push_back(gemm.BestOnce());
-        bwd.push_back(10 * unit / seconds(backward) * 1e-9);
-        gemm_samples.push_back(gemm.BestOnce());
-      }
-      rows.push_back({dtype, D, Median(fwd), Median(bwd)});
     }
   }
+  hwy::SetSupportedTargetsForTest(0);
 
-  char blas[96] = "not found";
-  if (gemm.has_blas()) {
-    std::snprintf(blas, sizeof(blas), "%.1f GFLOP/s (core %s, OPENBLAS_CORETYPE=%s)",
-                  Median(blas_rate), gemm.blas_core().c_str(),
-                  getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "unset");
-  }
-  std::printf("fp32 GEMM 1920^3 at start: own Highway sgemm %.1f GFLOP/s; OpenBLAS %s\n",
-              Median(own), blas);
-  const bool own_wins = Median(own) >= Median(blas_rate);
-  for (double g : own) gemm_samples.push_back(g);
-  for (double g : blas_rate) gemm_samples.push_back(g);
-  const double gemm_rate = *std::max_element(gemm_samples.begin(), gemm_samples.end());
-  std::printf("machine GEMM rate: %.1f GFLOP/s, the best of %zu GEMM runs (own and OpenBLAS, "
-              "%s faster at start; median of all runs %.1f)\n\n",
-              gemm_rate, gemm_samples.size(), own_wins ? "own sgemm" : "OpenBLAS",
-              Median(gemm_samples));
-  std::printf("%-8s %4s %4s %4s  %12s %12s  %9s %9s\n", "dtype", "Hq", "Hkv", "D",
-              "fwd GFLOP/s", "bwd GFLOP/s", "fwd/gemm", "bwd/gemm");
-  double last_fwd = 0, last_bwd = 0;
-  for (const Row& r : rows) {
-    std::printf("%-8s %4d %4d %4d  %12.1f %12.1f  %9.3f %9.3f\n",
-                std::string(DTypeName(r.dtype)).c_str(), kHeads, kHeads, r.head_dim, r.fwd,
-                r.bwd, r.fwd / gemm_rate, r.bwd / gemm_rate);
-    if (r.dtype == DType::kFloat32 && r.head_dim == 128) {
-      last_fwd = r.fwd / gemm_rate;
-      last_bwd = r.bwd / gemm_rate;
+  std::printf("\nOpenBLAS (core %s, OPENBLAS_CORETYPE=%s): best %.1f, median %.1f GFLOP/s of "
+              "%zu runs\n",
+              gemm.has_blas() ? gemm.blas_core().c_str() : "not found",
+              getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "unset",
+              *std::max_element(blas_rates.begin(), blas_rates.end()), Median(blas_rates),
+              blas_rates.size());
+  // The worst shape per target and over all.
+  auto worst = [&](auto share) {
+    const Row* w = &rows.front();
+    for (const Row& r : rows) {
+      if (share(r) < share(*w)) w = &r;
     }
-  }
+    return w;
+  };
+  auto describe = [](const Row& r) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "%s %s %s Hq=%d Hkv=%d D=%d", r.target.c_str(),
+                  r.mask.c_str(), std::string(DTypeName(r.dtype)).c_str(), r.hq, r.hkv,
+                  r.head_dim);
+    return std::string(buf);
+  };
+  const Row* wf = worst([](const Row& r) { return r.fwd / r.peak; });
+  const Row* wb = worst([](const Row& r) { return r.bwd / r.peak; });
+  const Row* gf = worst([](const Row& r) { return r.fwd / r.gemm; });
+  const Row* gb = worst([](const Row& r) { return r.bwd / r.gemm; });
+  std::printf("worst forward: %s; worst backward: %s\n", describe(*wf).c_str(),
+              describe(*wb).c_str());
   std::printf("load average at the end: %s\n", LoadAverage().c_str());
-  std::printf("fwd_vs_gemm=%.3f bwd_vs_gemm=%.3f\n", last_fwd, last_bwd);
+  std::printf("fwd_vs_gemm=%.3f bwd_vs_gemm=%.3f\n", gf->fwd / gf->gemm, gb->bwd / gb->gemm);
+  std::printf("fwd_vs_peak=%.3f bwd_vs_peak=%.3f\n", wf->fwd / wf->peak, wb->bwd / wb->peak);
   return 0;
 }
 
