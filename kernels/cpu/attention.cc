@@ -1,21 +1,30 @@
 // Work-item scheduling for the CPU attention kernels (attention.h).
 //
-// Forward: one task per (item, query head, block of kBlockQ rows). Backward
-// (FlashAttention-2 order): one task per (item, query head, block of
-// kBwdBlockK keys, chunk of at most kBwdChunkRows of the query rows that see
-// them). A task computes its tile into private buffers.
+// Forward: one task per (item, query head, block of kBlockQ rows, chunk of
+// keys); the key chunks are the kFwdKeyChunk-aligned pieces of the item's
+// keys, so the tasks of every query block and every query head of a KV head
+// read the same *segment*: one (KV head, item, key chunk) whose K and V rows
+// are packed once (fp32, contiguous; tile_kernels.h) before its tasks run.
+// Backward: one task per (item, KV head, block of kBwdBlockK keys, run of the
+// query rows that see them inside one kBwdChunkRows-aligned chunk); the
+// segment is (KV head, item, row chunk), whose Q (pre-scaled) and dO rows of
+// every query head of the KV head are packed once. A task computes its tile
+// into private buffers.
 //
-// Determinism: tasks are put in one canonical order (grouped by KV head for
-// cache locality, largest first within a head so the waves stay balanced)
-// and run in waves of a fixed number of tasks: the tiles of a wave are
-// computed in parallel, then merged into the accumulators one task after
-// another in that order. Every accumulator element therefore receives its
-// contributions in the same order whatever the number of threads, and the
-// result is bitwise the same on every run.
+// Segments are visited in a fixed order (KV head, item, chunk) and packed a
+// batch at a time (consecutive segments up to kPackKeys keys or kPackRows
+// rows: bounded scratch); a batch's tasks then run largest first.
+//
+// Determinism: tasks are put in one canonical order and run in waves of a
+// fixed number of tasks: the tiles of a wave are computed in parallel, then
+// merged into the accumulators one task after another in that order. Every
+// accumulator element therefore receives its contributions in the same
+// order whatever the number of threads, and the result is bitwise the same
+// on every run.
 //
 // Non-finite inputs: an item whose Q, K, V (backward also dO, Delta, LSE)
 // are not all finite runs on the exact tiles (exact_tiles.cc), which touch
-// allowed pairs only, in float64.
+// allowed pairs only, in float64, from the unpacked tensors.
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
@@ -41,11 +50,17 @@ using internal::kBlockQ;
 constexpr int64_t kForwardWave = 64;
 constexpr int64_t kBackwardWave = 32;
 constexpr int64_t kWavePairs = int64_t{1} << 21;
-// Keys a forward task streams at most (a longer range is cut into chunks
-// whose partial results merge in order).
+// Keys a forward task streams at most: an item's keys are cut into chunks
+// aligned to multiples of this, whose partial results merge in order.
 constexpr int64_t kFwdKeyChunk = 4096;
-// Query rows a backward task visits at most (bounds its private dQ buffer).
+// Query rows a backward task visits at most (bounds its private dQ buffer):
+// an item's rows are cut into chunks aligned to multiples of this.
 constexpr int64_t kBwdChunkRows = 512;
+// A batch of segments packs at most this many keys (forward, K and V rows)
+// or query rows times heads (backward, Q and dO rows) beyond its first
+// segment: the packed scratch stays a few MiB whatever the call.
+constexpr int64_t kPackKeys = 8192;
+constexpr int64_t kPackRows = 4096;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -63,23 +78,79 @@ const char* At(const void* base, int64_t elements, DType dtype) {
 
 struct Task {
   int32_t item;
-  int32_t head;
+  int32_t head;         // query head (forward) or KV head (backward)
   int64_t block_begin;  // first query row (forward) or key (backward) of the tile
   int64_t cost;         // allowed (q, k) pairs, an upper estimate
   int64_t row_begin = 0, row_end = 0;  // backward: the query rows visited
   int64_t key_begin = 0, key_end = 0;  // forward: the key chunk streamed
+  int64_t segment = 0;                 // the packed operands it reads
 };
 
-// Runs `tasks` in waves of at most `wave` tasks and kWavePairs pairs:
-// compute(index, slot) for a wave's tasks in parallel (slot in [0, wave)
-// names the task's private buffers), then merge(index, slot) for each of
-// them in index order. Before each wave `stop` (may be null) is asked
-// whether to go on; returns false when it said stop.
-bool RunInWaves(ThreadPool* pool, const std::vector<Task>& tasks, int64_t wave,
-                const std::function<void(int64_t, int64_t)>& compute,
+// The operands a set of tasks shares, packed once: forward, the K and V rows
+// [begin, end) of an item at one KV head; backward, the Q and dO rows
+// [begin, end) of an item at every query head of one KV head.
+struct Segment {
+  int32_t item = 0;
+  int32_t kv_head = 0;
+  int64_t begin = std::numeric_limits<int64_t>::max();
+  int64_t end = 0;
+  int64_t packed = 0;  // offset of its packed rows in the batch's buffer (floats)
+  bool used = false;
+};
+
+// A run of consecutive segments packed together, and their tasks.
+struct Batch {
+  size_t task_begin = 0, task_end = 0;
+  int64_t segment_begin = 0, segment_end = 0;
+};
+
+// Sorts `tasks` by segment, cuts the segment sequence into batches of at
+// most `limit` packed rows (rows(segment) each; a batch holds at least one
+// segment) and sorts each batch's tasks largest first. Sets each segment's
+// `packed` offset within its batch (rows x floats_per_row) and
+// *max_batch_floats.
+std::vector<Batch> MakeBatches(std::vector<Task>* tasks, std::vector<Segment>* segments,
+                               int64_t limit, int64_t floats_per_row,
+                               const std::function<int64_t(const Segment&)>& rows,
+                               int64_t* max_batch_floats) {
+  std::stable_sort(tasks->begin(), tasks->end(),
+                   [](const Task& a, const Task& b) { return a.segment < b.segment; });
+  std::vector<Batch> batches;
+  *max_batch_floats = 0;
+  int64_t batch_rows = 0;
+  size_t t = 0;
+  for (size_t g = 0; g < segments->size(); ++g) {
+    Segment& seg = (*segments)[g];
+    if (!seg.used) continue;
+    const int64_t n = rows(seg);
+    if (batches.empty() || (batch_rows > 0 && batch_rows + n > limit)) {
+      batches.push_back({t, t, static_cast<int64_t>(g), static_cast<int64_t>(g)});
+      batch_rows = 0;
+    }
+    seg.packed = batch_rows * floats_per_row;
+    batch_rows += n;
+    *max_batch_floats = std::max(*max_batch_floats, batch_rows * floats_per_row);
+    while (t < tasks->size() && (*tasks)[t].segment == static_cast<int64_t>(g)) ++t;
+    batches.back().task_end = t;
+    batches.back().segment_end = static_cast<int64_t>(g) + 1;
+  }
+  for (const Batch& b : batches) {
+    std::stable_sort(tasks->begin() + b.task_begin, tasks->begin() + b.task_end,
+                     [](const Task& x, const Task& y) { return x.cost > y.cost; });
+  }
+  return batches;
+}
+
+// Runs tasks [begin, end) in waves of at most `wave` tasks and kWavePairs
+// pairs: compute(index, slot) for a wave's tasks in parallel (slot in
+// [0, wave) names the task's private buffers), then merge(index, slot) for
+// each of them in index order. Before each wave `stop` (may be null) is
+// asked whether to go on; returns false when it said stop.
+bool RunInWaves(ThreadPool* pool, const std::vector<Task>& tasks, size_t begin, size_t end,
+                int64_t wave, const std::function<void(int64_t, int64_t)>& compute,
                 const std::function<void(int64_t, int64_t)>& merge, const StopFn* stop) {
-  const int64_t n = static_cast<int64_t>(tasks.size());
-  for (int64_t first = 0; first < n;) {
+  const int64_t n = static_cast<int64_t>(end);
+  for (int64_t first = static_cast<int64_t>(begin); first < n;) {
     if (stop != nullptr && *stop && (*stop)()) return false;
     int64_t count = 1, pairs = tasks[first].cost;
     while (count < wave && first + count < n && pairs + tasks[first + count].cost <= kWavePairs) {
@@ -93,42 +164,26 @@ bool RunInWaves(ThreadPool* pool, const std::vector<Task>& tasks, int64_t wave,
   return true;
 }
 
-// Whether rows [0, rows) x [0, cols) of a tensor with `row_stride`
-// (elements) hold a NaN, an infinity, or a value of magnitude 2^max_exp or
-// more (whose products could overflow the fast tiles' fp32 arithmetic; fp16
-// cannot hold such values). One compare of the exponent field per element.
-bool HasNonFiniteOrHuge(const void* base, DType dtype, int64_t rows, int64_t row_stride,
-                        int64_t cols, int max_exp) {
-  if (base == nullptr) return false;
-  const uint32_t f32_limit = static_cast<uint32_t>(std::min(255, 127 + max_exp)) << 23;
-  const uint16_t bf16_limit = static_cast<uint16_t>(std::min(255, 127 + max_exp) << 7);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t first = r * row_stride;
-    switch (dtype) {
-      case DType::kFloat32: {
-        const uint32_t* p = static_cast<const uint32_t*>(base) + first;
-        for (int64_t c = 0; c < cols; ++c) {
-          if ((p[c] & 0x7f800000u) >= f32_limit) return true;
-        }
-        break;
-      }
-      case DType::kBFloat16: {
-        const uint16_t* p = static_cast<const uint16_t*>(base) + first;
-        for (int64_t c = 0; c < cols; ++c) {
-          if ((p[c] & 0x7f80u) >= bf16_limit) return true;
-        }
-        break;
-      }
-      case DType::kFloat16: {
-        const uint16_t* p = static_cast<const uint16_t*>(base) + first;
-        for (int64_t c = 0; c < cols; ++c) {
-          if ((p[c] & 0x7c00u) == 0x7c00u) return true;
-        }
-        break;
-      }
+// Packs the segments of one batch: fn(segment, first_row, rows) for pieces
+// of at most 256 rows of every used segment in [seg_begin, seg_end), in
+// parallel.
+void PackBatch(ThreadPool* pool, const std::vector<Segment>& segments, int64_t seg_begin,
+               int64_t seg_end, const std::function<void(const Segment&, int64_t, int64_t)>& fn) {
+  constexpr int64_t kPiece = 256;
+  struct Piece {
+    int64_t segment, first, rows;
+  };
+  std::vector<Piece> pieces;
+  for (int64_t g = seg_begin; g < seg_end; ++g) {
+    const Segment& seg = segments[g];
+    if (!seg.used) continue;
+    for (int64_t r = seg.begin; r < seg.end; r += kPiece) {
+      pieces.push_back({g, r, std::min(kPiece, seg.end - r)});
     }
   }
-  return false;
+  RunParallel(pool, static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    fn(segments[pieces[i].segment], pieces[i].first, pieces[i].rows);
+  });
 }
 
 // Magnitude bounds of the fast tiles: forward |q|, |k|, |v| < 2^56 keeps
@@ -150,16 +205,6 @@ bool HasBadFloats(const float* base, int heads, int64_t stride, int64_t n, bool 
     }
   }
   return false;
-}
-
-// Tasks of one KV head run together (their K/V, or Q/dO, stay in the
-// last-level cache instead of streaming every head's data at once); within a
-// head the most expensive go first, so the cheap ones fill the gaps at the end.
-void SortForLocalityAndBalance(std::vector<Task>* tasks, int group) {
-  std::stable_sort(tasks->begin(), tasks->end(), [group](const Task& a, const Task& b) {
-    if (a.head / group != b.head / group) return a.head / group < b.head / group;
-    return a.cost > b.cost;
-  });
 }
 
 }  // namespace
@@ -260,6 +305,31 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
   const int Hq = shape.num_heads_q, Hkv = shape.num_heads_kv, D = shape.head_dim;
   const int group = Hq / Hkv;
   const int64_t o_row_stride = static_cast<int64_t>(Hq) * D;
+  auto q_stride_of = [&](const FwdWorkItem& it) {
+    return it.q_row_stride > 0 ? it.q_row_stride : o_row_stride;
+  };
+  auto kv_stride_of = [&](const FwdWorkItem& it) {
+    return it.kv_row_stride > 0 ? it.kv_row_stride : int64_t{Hkv} * D;
+  };
+  // Items whose inputs are not all finite, or large enough to overflow fp32
+  // products, run on the exact (float64) tiles.
+  std::vector<char> exact(items.size(), 0);
+  RunParallel(pool, static_cast<int64_t>(items.size()), [&](int64_t n) {
+    const FwdWorkItem& it = items[n];
+    const int e = kForwardMaxExp;
+    exact[n] =
+        internal::HasNonFiniteOrHuge(it.q, shape.dtype, it.num_q, q_stride_of(it), int64_t{Hq} * D, e) ||
+        internal::HasNonFiniteOrHuge(it.k, shape.dtype, it.num_k, kv_stride_of(it), int64_t{Hkv} * D, e) ||
+        internal::HasNonFiniteOrHuge(it.v, shape.dtype, it.num_k, kv_stride_of(it), int64_t{Hkv} * D, e);
+  });
+
+  // Segments (KV head, item, aligned key chunk), in that order.
+  std::vector<int64_t> first_chunk(items.size() + 1, 0);
+  for (size_t n = 0; n < items.size(); ++n) {
+    first_chunk[n + 1] = first_chunk[n] + (items[n].num_k + kFwdKeyChunk - 1) / kFwdKeyChunk;
+  }
+  const int64_t chunks = first_chunk.back();
+  std::vector<Segment> segments(static_cast<size_t>(chunks * Hkv));
   std::vector<Task> tasks;
   for (size_t n = 0; n < items.size(); ++n) {
     const FwdWorkItem& it = items[n];
@@ -268,30 +338,33 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
       int64_t k0, k1;
       internal::KeysSeenByRows(it.type, it.offset, it.window, it.num_k, r0, r1, &k0, &k1);
       if (k0 >= k1) continue;  // these rows see nothing: accumulators stay as they are
-      for (int64_t c0 = k0; c0 < k1; c0 += kFwdKeyChunk) {
-        const int64_t c1 = std::min(k1, c0 + kFwdKeyChunk);
+      for (int64_t ci = k0 / kFwdKeyChunk; ci * kFwdKeyChunk < k1; ++ci) {
+        const int64_t c0 = std::max(k0, ci * kFwdKeyChunk);
+        const int64_t c1 = std::min(k1, (ci + 1) * kFwdKeyChunk);
         for (int h = 0; h < Hq; ++h) {
           Task t{static_cast<int32_t>(n), h, r0, (r1 - r0) * (c1 - c0)};
           t.key_begin = c0;
           t.key_end = c1;
+          t.segment = (h / group) * chunks + first_chunk[n] + ci;
+          Segment& seg = segments[t.segment];
+          seg.item = static_cast<int32_t>(n);
+          seg.kv_head = h / group;
+          seg.used = true;
+          if (!exact[n]) {  // exact items read K/V in place
+            seg.begin = std::min(seg.begin, c0);
+            seg.end = std::max(seg.end, c1);
+          }
           tasks.push_back(t);
         }
       }
     }
   }
-  SortForLocalityAndBalance(&tasks, group);
-  // Items whose inputs are not all finite, or large enough to overflow fp32
-  // products, run on the exact (float64) tiles.
-  std::vector<char> exact(items.size(), 0);
-  RunParallel(pool, static_cast<int64_t>(items.size()), [&](int64_t n) {
-    const FwdWorkItem& it = items[n];
-    const int64_t q_stride = it.q_row_stride > 0 ? it.q_row_stride : o_row_stride;
-    const int64_t kv_stride = it.kv_row_stride > 0 ? it.kv_row_stride : int64_t{Hkv} * D;
-    const int e = kForwardMaxExp;
-    exact[n] = HasNonFiniteOrHuge(it.q, shape.dtype, it.num_q, q_stride, int64_t{Hq} * D, e) ||
-               HasNonFiniteOrHuge(it.k, shape.dtype, it.num_k, kv_stride, int64_t{Hkv} * D, e) ||
-               HasNonFiniteOrHuge(it.v, shape.dtype, it.num_k, kv_stride, int64_t{Hkv} * D, e);
-  });
+  int64_t packed_floats = 0;
+  const std::vector<Batch> batches = MakeBatches(
+      &tasks, &segments, kPackKeys, 2 * int64_t{D},
+      [](const Segment& g) { return std::max<int64_t>(0, g.end - g.begin); }, &packed_floats);
+  std::vector<float> packed(static_cast<size_t>(packed_floats));
+
   const int64_t wave = std::min<int64_t>(kForwardWave, std::max<size_t>(tasks.size(), 1));
   std::vector<float> o(static_cast<size_t>(wave) * kBlockQ * D), lse(wave * kBlockQ);
   std::vector<char> saw(wave, 0);
@@ -299,17 +372,25 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
   auto compute = [&](int64_t index, int64_t slot) {
     const Task& task = tasks[index];
     const FwdWorkItem& it = items[task.item];
+    const Segment& seg = segments[task.segment];
     const int h = task.head, kv_head = h / group;
-    const int64_t q_stride = it.q_row_stride > 0 ? it.q_row_stride : o_row_stride;
-    const int64_t kv_stride = it.kv_row_stride > 0 ? it.kv_row_stride : int64_t{Hkv} * D;
+    const int64_t kv_stride = kv_stride_of(it);
     internal::FwdTile tile;
     // The key chunk [key_begin, key_end) as an item of its own: rows and
     // pointers shifted, the causal diagonal moved with them.
-    tile.q = At(it.q, task.block_begin * q_stride + int64_t{h} * D, shape.dtype);
-    tile.k = At(it.k, task.key_begin * kv_stride + int64_t{kv_head} * D, shape.dtype);
-    tile.v = At(it.v, task.key_begin * kv_stride + int64_t{kv_head} * D, shape.dtype);
-    tile.q_row_stride = q_stride;
-    tile.kv_row_stride = kv_stride;
+    tile.q = At(it.q, task.block_begin * q_stride_of(it) + int64_t{h} * D, shape.dtype);
+    tile.q_row_stride = q_stride_of(it);
+    if (exact[task.item]) {
+      tile.k = At(it.k, task.key_begin * kv_stride + int64_t{kv_head} * D, shape.dtype);
+      tile.v = At(it.v, task.key_begin * kv_stride + int64_t{kv_head} * D, shape.dtype);
+      tile.kv_row_stride = kv_stride;
+    } else {
+      const int64_t n = seg.end - seg.begin;
+      const float* k = packed.data() + seg.packed + (task.key_begin - seg.begin) * D;
+      tile.k = k;
+      tile.v = k + n * D;
+      tile.kv_row_stride = D;
+    }
     tile.num_rows = static_cast<int>(std::min<int64_t>(kBlockQ, it.num_q - task.block_begin));
     tile.first_row = task.block_begin;
     tile.num_k = task.key_end - task.key_begin;
@@ -336,7 +417,24 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
                          o.data() + (slot * kBlockQ + i) * D, lse[slot * kBlockQ + i]);
     }
   };
-  return RunInWaves(pool, tasks, wave, compute, merge, stop);
+  // K then V rows of each segment, side by side in the batch's buffer.
+  auto pack = [&](const Segment& seg, int64_t first, int64_t n) {
+    const FwdWorkItem& it = items[seg.item];
+    const int64_t kv_stride = kv_stride_of(it), len = seg.end - seg.begin;
+    float* k = packed.data() + seg.packed;
+    const int64_t src = first * kv_stride + int64_t{seg.kv_head} * D;
+    internal::PackRows(At(it.k, src, shape.dtype), shape.dtype, kv_stride, n, D, 1.f,
+                       k + (first - seg.begin) * D, D);
+    internal::PackRows(At(it.v, src, shape.dtype), shape.dtype, kv_stride, n, D, 1.f,
+                       k + (len + first - seg.begin) * D, D);
+  };
+  for (const Batch& b : batches) {
+    PackBatch(pool, segments, b.segment_begin, b.segment_end, pack);
+    if (!RunInWaves(pool, tasks, b.task_begin, b.task_end, wave, compute, merge, stop)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
@@ -344,6 +442,32 @@ bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
   const int Hq = shape.num_heads_q, Hkv = shape.num_heads_kv, D = shape.head_dim;
   const int group = Hq / Hkv;
   const int64_t q_row = static_cast<int64_t>(Hq) * D, kv_row = static_cast<int64_t>(Hkv) * D;
+  const int Dp = internal::PackedRowLength(D);
+  auto q_stride_of = [&](const BwdWorkItem& it) {
+    return it.q_row_stride > 0 ? it.q_row_stride : q_row;
+  };
+  auto kv_stride_of = [&](const BwdWorkItem& it) {
+    return it.kv_row_stride > 0 ? it.kv_row_stride : kv_row;
+  };
+  std::vector<char> exact(items.size(), 0);
+  RunParallel(pool, static_cast<int64_t>(items.size()), [&](int64_t n) {
+    const BwdWorkItem& it = items[n];
+    const int e = kBackwardMaxExp;
+    exact[n] = internal::HasNonFiniteOrHuge(it.q, shape.dtype, it.num_q, q_stride_of(it), q_row, e) ||
+               internal::HasNonFiniteOrHuge(it.dout, shape.dtype, it.num_q, q_stride_of(it), q_row, e) ||
+               internal::HasNonFiniteOrHuge(it.k, shape.dtype, it.num_k, kv_stride_of(it), kv_row, e) ||
+               internal::HasNonFiniteOrHuge(it.v, shape.dtype, it.num_k, kv_stride_of(it), kv_row, e) ||
+               HasBadFloats(it.lse, Hq, it.lse_stride, it.num_q, /*any_infinity=*/false) ||
+               HasBadFloats(it.delta, Hq, it.lse_stride, it.num_q, /*any_infinity=*/true);
+  });
+
+  // Segments (KV head, item, aligned row chunk), in that order.
+  std::vector<int64_t> first_chunk(items.size() + 1, 0);
+  for (size_t n = 0; n < items.size(); ++n) {
+    first_chunk[n + 1] = first_chunk[n] + (items[n].num_q + kBwdChunkRows - 1) / kBwdChunkRows;
+  }
+  const int64_t chunks = first_chunk.back();
+  std::vector<Segment> segments(static_cast<size_t>(chunks * Hkv));
   std::vector<Task> tasks;
   for (size_t n = 0; n < items.size(); ++n) {
     const BwdWorkItem& it = items[n];
@@ -353,54 +477,111 @@ bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
       internal::RowsSeeingKeys(it.type, it.offset, it.window, it.num_q, it.num_k, k0, k1, &r0,
                                &r1);
       if (r0 >= r1) continue;  // no query sees these keys: no gradient
-      for (int64_t c0 = r0; c0 < r1; c0 += kBwdChunkRows) {
-        const int64_t c1 = std::min(r1, c0 + kBwdChunkRows);
-        for (int h = 0; h < Hq; ++h) {
-          Task t{static_cast<int32_t>(n), h, k0, (c1 - c0) * (k1 - k0)};
+      for (int64_t ci = r0 / kBwdChunkRows; ci * kBwdChunkRows < r1; ++ci) {
+        const int64_t c0 = std::max(r0, ci * kBwdChunkRows);
+        const int64_t c1 = std::min(r1, (ci + 1) * kBwdChunkRows);
+        for (int g = 0; g < Hkv; ++g) {
+          Task t{static_cast<int32_t>(n), g, k0, group * (c1 - c0) * (k1 - k0)};
           t.row_begin = c0;
           t.row_end = c1;
+          t.segment = g * chunks + first_chunk[n] + ci;
+          Segment& seg = segments[t.segment];
+          seg.item = static_cast<int32_t>(n);
+          seg.kv_head = g;
+          seg.used = true;
+          if (!exact[n]) {  // exact items read Q/dO in place
+            seg.begin = std::min(seg.begin, c0);
+            seg.end = std::max(seg.end, c1);
+          }
           tasks.push_back(t);
         }
       }
     }
   }
-  SortForLocalityAndBalance(&tasks, group);
-  std::vector<char> exact(items.size(), 0);
-  RunParallel(pool, static_cast<int64_t>(items.size()), [&](int64_t n) {
-    const BwdWorkItem& it = items[n];
-    const int64_t q_stride = it.q_row_stride > 0 ? it.q_row_stride : q_row;
-    const int64_t kv_stride = it.kv_row_stride > 0 ? it.kv_row_stride : kv_row;
-    const int e = kBackwardMaxExp;
-    exact[n] = HasNonFiniteOrHuge(it.q, shape.dtype, it.num_q, q_stride, q_row, e) ||
-               HasNonFiniteOrHuge(it.dout, shape.dtype, it.num_q, q_stride, q_row, e) ||
-               HasNonFiniteOrHuge(it.k, shape.dtype, it.num_k, kv_stride, kv_row, e) ||
-               HasNonFiniteOrHuge(it.v, shape.dtype, it.num_k, kv_stride, kv_row, e) ||
-               HasBadFloats(it.lse, Hq, it.lse_stride, it.num_q, /*any_infinity=*/false) ||
-               HasBadFloats(it.delta, Hq, it.lse_stride, it.num_q, /*any_infinity=*/true);
-  });
+  int64_t packed_floats = 0;
+  const std::vector<Batch> batches = MakeBatches(
+      &tasks, &segments, kPackRows / group, 2 * int64_t{group} * Dp,
+      [](const Segment& g) { return std::max<int64_t>(0, g.end - g.begin); }, &packed_floats);
+  std::vector<float> packed(static_cast<size_t>(packed_floats));
+
   const int64_t wave = std::min<int64_t>(kBackwardWave, std::max<size_t>(tasks.size(), 1));
-  const size_t kv_floats = static_cast<size_t>(kBwdBlockK) * D;
-  const size_t dq_floats = static_cast<size_t>(kBwdChunkRows) * D;
+  const size_t kv_floats = static_cast<size_t>(kBwdBlockK) * Dp;
+  const size_t dq_floats = static_cast<size_t>(group) * kBwdChunkRows * Dp;
   std::vector<float> dk(wave * kv_floats), dv(wave * kv_floats), dq(wave * dq_floats);
   std::vector<char> saw(wave, 0);
   std::vector<int> keys(wave, 0);
   auto compute = [&](int64_t index, int64_t slot) {
     const Task& task = tasks[index];
     const BwdWorkItem& it = items[task.item];
-    const int h = task.head, kv_head = h / group;
+    const int kv_head = task.head;
+    const int num_keys = static_cast<int>(std::min<int64_t>(kBwdBlockK, it.num_k - task.block_begin));
+    keys[slot] = num_keys;
+    float* slot_dq = dq.data() + slot * dq_floats;
+    float* slot_dk = dk.data() + slot * kv_floats;
+    float* slot_dv = dv.data() + slot * kv_floats;
+    const void* k = At(it.k, int64_t{kv_head} * D, shape.dtype);
+    const void* v = At(it.v, int64_t{kv_head} * D, shape.dtype);
+    if (exact[task.item]) {
+      // One query head at a time; dK/dV summed over the heads in fp32.
+      const int64_t rows = task.row_end - task.row_begin;
+      thread_local std::vector<float> head_dk, head_dv;
+      head_dk.resize(kv_floats);
+      head_dv.resize(kv_floats);
+      bool any = false;
+      for (int j = 0; j < group; ++j) {
+        const int h = kv_head * group + j;
+        internal::ExactBwdTile tile;
+        tile.q = At(it.q, int64_t{h} * D, shape.dtype);
+        tile.dout = At(it.dout, int64_t{h} * D, shape.dtype);
+        tile.lse = it.lse + int64_t{h} * it.lse_stride;
+        tile.delta = it.delta + int64_t{h} * it.lse_stride;
+        tile.q_row_stride = q_stride_of(it);
+        tile.k = k;
+        tile.v = v;
+        tile.kv_row_stride = kv_stride_of(it);
+        tile.num_q = it.num_q;
+        tile.num_k = it.num_k;
+        tile.first_key = task.block_begin;
+        tile.num_keys = num_keys;
+        tile.row_begin = task.row_begin;
+        tile.row_end = task.row_end;
+        tile.type = it.type;
+        tile.offset = it.offset;
+        tile.window = it.window;
+        tile.head_dim = D;
+        tile.dtype = shape.dtype;
+        tile.softmax_scale = shape.softmax_scale;
+        tile.out_row_stride = Dp;
+        tile.dq = slot_dq + j * rows * Dp;
+        tile.dk = j == 0 ? slot_dk : head_dk.data();
+        tile.dv = j == 0 ? slot_dv : head_dv.data();
+        any |= internal::ExactBackwardTile(tile);
+        if (j > 0) {
+          internal::AddRows(slot_dk, Dp, head_dk.data(), Dp, num_keys, Dp);
+          internal::AddRows(slot_dv, Dp, head_dv.data(), Dp, num_keys, Dp);
+        }
+      }
+      saw[slot] = any;
+      return;
+    }
+    const Segment& seg = segments[task.segment];
+    const int64_t len = seg.end - seg.begin;
+    const float* q = packed.data() + seg.packed;
     internal::BwdTile tile;
-    tile.q = At(it.q, int64_t{h} * D, shape.dtype);
-    tile.dout = At(it.dout, int64_t{h} * D, shape.dtype);
-    tile.lse = it.lse + int64_t{h} * it.lse_stride;
-    tile.delta = it.delta + int64_t{h} * it.lse_stride;
-    tile.q_row_stride = it.q_row_stride > 0 ? it.q_row_stride : q_row;
-    tile.k = At(it.k, int64_t{kv_head} * D, shape.dtype);
-    tile.v = At(it.v, int64_t{kv_head} * D, shape.dtype);
-    tile.kv_row_stride = it.kv_row_stride > 0 ? it.kv_row_stride : kv_row;
+    tile.heads = group;
+    tile.q = q + (task.row_begin - seg.begin) * Dp;
+    tile.dout = q + int64_t{group} * len * Dp + (task.row_begin - seg.begin) * Dp;
+    tile.head_stride = len * Dp;
+    tile.lse = it.lse + int64_t{kv_head} * group * it.lse_stride;
+    tile.delta = it.delta + int64_t{kv_head} * group * it.lse_stride;
+    tile.lse_head_stride = it.lse_stride;
+    tile.k = k;
+    tile.v = v;
+    tile.kv_row_stride = kv_stride_of(it);
     tile.num_q = it.num_q;
     tile.num_k = it.num_k;
     tile.first_key = task.block_begin;
-    tile.num_keys = static_cast<int>(std::min<int64_t>(kBwdBlockK, it.num_k - task.block_begin));
+    tile.num_keys = num_keys;
     tile.row_begin = task.row_begin;
     tile.row_end = task.row_end;
     tile.type = it.type;
@@ -409,25 +590,48 @@ bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
     tile.head_dim = D;
     tile.dtype = shape.dtype;
     tile.softmax_scale = shape.softmax_scale;
-    tile.dq = dq.data() + slot * dq_floats;
-    tile.dk = dk.data() + slot * kv_floats;
-    tile.dv = dv.data() + slot * kv_floats;
-    keys[slot] = tile.num_keys;
-    saw[slot] =
-        exact[task.item] ? internal::ExactBackwardTile(tile) : internal::BackwardTile(tile);
+    tile.dq = slot_dq;
+    tile.dk = slot_dk;
+    tile.dv = slot_dv;
+    saw[slot] = internal::BackwardTile(tile);
   };
   auto merge = [&](int64_t index, int64_t slot) {
     if (!saw[slot]) return;
     const Task& task = tasks[index];
     const BwdWorkItem& it = items[task.item];
-    const int h = task.head, kv_head = h / group;
-    internal::AddRows(it.dq_acc + task.row_begin * q_row + int64_t{h} * D, q_row,
-                      dq.data() + slot * dq_floats, D, task.row_end - task.row_begin, D);
+    const int kv_head = task.head;
+    const int64_t rows = task.row_end - task.row_begin;
+    for (int j = 0; j < group; ++j) {
+      const int h = kv_head * group + j;
+      internal::AddRows(it.dq_acc + task.row_begin * q_row + int64_t{h} * D, q_row,
+                        dq.data() + slot * dq_floats + j * rows * Dp, Dp, rows, D);
+    }
     const int64_t first = task.block_begin * kv_row + int64_t{kv_head} * D;
-    internal::AddRows(it.dk_acc + first, kv_row, dk.data() + slot * kv_floats, D, keys[slot], D);
-    internal::AddRows(it.dv_acc + first, kv_row, dv.data() + slot * kv_floats, D, keys[slot], D);
+    internal::AddRows(it.dk_acc + first, kv_row, dk.data() + slot * kv_floats, Dp, keys[slot], D);
+    internal::AddRows(it.dv_acc + first, kv_row, dv.data() + slot * kv_floats, Dp, keys[slot], D);
   };
-  return RunInWaves(pool, tasks, wave, compute, merge, stop);
+  // Per segment: Q (scaled into base-2 logits) of each query head of the KV
+  // head, then dO of each, rows of Dp floats.
+  const float c = shape.softmax_scale * 1.4426950408889634f;
+  auto pack = [&](const Segment& seg, int64_t first, int64_t n) {
+    const BwdWorkItem& it = items[seg.item];
+    const int64_t q_stride = q_stride_of(it), len = seg.end - seg.begin;
+    float* base = packed.data() + seg.packed + (first - seg.begin) * Dp;
+    for (int j = 0; j < group; ++j) {
+      const int64_t src = first * q_stride + int64_t{seg.kv_head * group + j} * D;
+      internal::PackRows(At(it.q, src, shape.dtype), shape.dtype, q_stride, n, D, c,
+                         base + j * len * Dp, Dp);
+      internal::PackRows(At(it.dout, src, shape.dtype), shape.dtype, q_stride, n, D, 1.f,
+                         base + (group + j) * len * Dp, Dp);
+    }
+  };
+  for (const Batch& b : batches) {
+    PackBatch(pool, segments, b.segment_begin, b.segment_end, pack);
+    if (!RunInWaves(pool, tasks, b.task_begin, b.task_end, wave, compute, merge, stop)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 void ComputeDelta(const AttentionShape& shape, const void* o, const void* dout,

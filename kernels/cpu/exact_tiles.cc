@@ -98,7 +98,7 @@ bool ExactForwardTile(const FwdTile& t) {
   return any;
 }
 
-bool ExactBackwardTile(const BwdTile& t) {
+bool ExactBackwardTile(const ExactBwdTile& t) {
   const int D = t.head_dim, nk = t.num_keys;
   if (t.row_begin >= t.row_end) return false;
   std::vector<double> q(D), dout(D), k(static_cast<size_t>(nk) * D), v(k.size());
@@ -109,7 +109,7 @@ bool ExactBackwardTile(const BwdTile& t) {
   }
   const double scale = t.softmax_scale;
   for (int64_t r = t.row_begin; r < t.row_end; ++r) {
-    float* dqrow = t.dq + (r - t.row_begin) * D;
+    float* dqrow = t.dq + (r - t.row_begin) * t.out_row_stride;
     std::fill(dq.begin(), dq.end(), 0.0);
     const double lse = t.lse[r];
     int64_t lo, hi;
@@ -132,10 +132,17 @@ bool ExactBackwardTile(const BwdTile& t) {
       }
     }
     for (int d = 0; d < D; ++d) dqrow[d] = static_cast<float>(dq[d]);
+    std::fill(dqrow + D, dqrow + t.out_row_stride, 0.f);
   }
-  for (size_t e = 0; e < dk.size(); ++e) {
-    t.dk[e] = static_cast<float>(dk[e]);
-    t.dv[e] = static_cast<float>(dv[e]);
+  for (int j = 0; j < nk; ++j) {
+    float* dkrow = t.dk + j * t.out_row_stride;
+    float* dvrow = t.dv + j * t.out_row_stride;
+    for (int d = 0; d < D; ++d) {
+      dkrow[d] = static_cast<float>(dk[static_cast<size_t>(j) * D + d]);
+      dvrow[d] = static_cast<float>(dv[static_cast<size_t>(j) * D + d]);
+    }
+    std::fill(dkrow + D, dkrow + t.out_row_stride, 0.f);
+    std::fill(dvrow + D, dvrow + t.out_row_stride, 0.f);
   }
   return true;
 }
