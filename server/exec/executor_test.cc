@@ -298,7 +298,9 @@ void CheckPlan(const Plan& plan, const Problem& pr, const Reference& ref, Comput
       plan.spec.shape.num_heads_kv % G == 0) {  // each rank its own KV heads
     EXPECT_EQ(inter_total, plan.stats.inter_node_need_bytes) << what;
   }
-  if (plan.spec.topology.num_nodes == 1) EXPECT_EQ(plan.stats.inter_node_need_bytes, 0) << what;
+  if (plan.spec.topology.num_nodes == 1) {
+    EXPECT_EQ(plan.stats.inter_node_need_bytes, 0) << what;
+  }
   const Errors e = Compare(out, ref);
   EXPECT_LE(e.o, kTolerance) << what;
   EXPECT_LE(e.lse, kTolerance) << what;

@@ -167,8 +167,8 @@ TEST(CostModelProfileTest, InterleavedKvHeadsSlowTheRank) {
       ASSERT_EQ(other.kv_head_end - other.kv_head_begin, kv_heads) << StrategyName(s);
     }
     EXPECT_NEAR(b->stats.modeled_us / a->stats.modeled_us, kv_heads, 1e-6) << StrategyName(s);
-    if (s == Strategy::kSap) EXPECT_EQ(kv_heads, 2);
-    if (s == Strategy::kHsap) EXPECT_EQ(kv_heads, 1);
+    if (s == Strategy::kSap) { EXPECT_EQ(kv_heads, 2); }
+    if (s == Strategy::kHsap) { EXPECT_EQ(kv_heads, 1); }
   }
   absl::StatusOr<HardwareProfile> p = ParseHardwareProfile(halved);
   ASSERT_TRUE(p.ok()) << p.status();

@@ -280,7 +280,9 @@ TEST(PlanPagesFlagTest, PlanPagesCanBeTurnedOff) {
     auto plans = metrics::testing::HttpRequest(options.metrics_port, "GET", "/plans");
     ASSERT_TRUE(plans.ok()) << plans.status();
     EXPECT_EQ(plans->status_code, on ? 200 : 404);
-    if (on) EXPECT_TRUE(absl::StrContains(plans->body, "No plans cached yet")) << plans->body;
+    if (on) {
+      EXPECT_TRUE(absl::StrContains(plans->body, "No plans cached yet")) << plans->body;
+    }
     auto scrape = metrics::testing::HttpRequest(options.metrics_port, "GET", "/metrics");
     ASSERT_TRUE(scrape.ok()) << scrape.status();
     EXPECT_EQ(scrape->status_code, 200);
