@@ -77,7 +77,8 @@ spawn() {
 start_daemon() {  # start_daemon <node rank> <tcp port>
   mkdir -p "$work/node$1"
   spawn "$work/hsapd$1.log" "$hsapd" --socket="$work/node$1/hsapd.sock" --devices=cpu:2 \
-    --host=127.0.0.1 --port="$2" --cpu_threads=1 --ucx_transports=tcp --heartbeat_ms=100
+    --host=127.0.0.1 --port="$2" --cpu_threads=1 --ucx_transports=tcp --heartbeat_ms=100 \
+    --insecure_peers
 }
 start_daemon 0 "$port0"
 start_daemon 1 "$port1"

@@ -51,7 +51,7 @@ SOCKETS=()
 for ((n = 0; n < NODES; n++)); do
   SOCKETS+=("$WORK/node$n.sock")
   bazel-bin/server/hsapd --socket="$WORK/node$n.sock" --devices=cpu:$DEVICES \
-    --port="${PORTS[$n]}" --peers="$PEERS" --node_rank=$n --ucx_transports=tcp \
+    --port="${PORTS[$n]}" --peers="$PEERS" --node_rank=$n --ucx_transports=tcp --insecure_peers \
     --cpu_threads=1 --drain_timeout_s=3 >"$WORK/node$n.log" 2>&1 &
   DAEMONS+=($!)
   echo "demo: node $n: hsapd --devices=cpu:$DEVICES --port=${PORTS[$n]} --peers=$PEERS --node_rank=$n (pid $!)"

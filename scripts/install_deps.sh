@@ -8,6 +8,12 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils libcivetweb-dev
   libgtest-dev libgmock-dev libhwy-dev libopenblas-dev libsystemd-dev
+  # Mutual TLS between daemons (server/cluster/peer_tls.cc) and
+  # deploy/tls/make_certs.sh.
+  libssl-dev openssl
+  # tests/integration:peer_tls_test decodes the HTTP/2 headers a daemon
+  # sends (HPACK).
+  python3-hpack
   prometheus
   python3-torch python3-grpcio python3-numpy python3-protobuf
   # `pip install ./client/python` into a venv (setup.py runs protoc and

@@ -56,6 +56,7 @@ ASAN_INTEGRATION=(
   //tests/integration:multirank_test
   //tests/integration:cluster_test
   //tests/integration:tcp_auth_test
+  //tests/integration:peer_trust_test
   //tests/integration:job_groups_test
   //tests/numerics:numerics_test
   //client/python:bad_inputs_test

@@ -1,5 +1,6 @@
 #include "server/daemon.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include "common/version.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/cluster/node_address.h"
@@ -66,6 +68,34 @@ absl::StatusOr<shm::RegionLimits> ResolveRegionLimits(const DaemonOptions& optio
                                                    "; it must be >= 1"));
   }
   return limits;
+}
+
+// The session and peer caps that fit the open-file limit: kFdReserve plus a
+// sixteenth of the limit stay for gRPC's own connections and threads,
+// health checks, /metrics and the daemon's files; of the rest, half for
+// sessions (2 fds each: the session socket and the client's gRPC
+// connection) and half for peers (4 each: a channel to it, its channel to
+// us, UCX's TCP endpoints). A flag below that is kept.
+struct FdCaps {
+  int64_t open_files = 0;
+  int sessions = 0;
+  int peers = 0;
+};
+FdCaps ResolveFdCaps(const DaemonOptions& options) {
+  FdCaps caps;
+  caps.open_files = options.open_file_limit;
+  if (caps.open_files <= 0) {
+    struct rlimit limit;
+    caps.open_files = getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
+                          ? static_cast<int64_t>(limit.rlim_cur)
+                          : int64_t{1} << 20;
+  }
+  const int64_t budget = std::max<int64_t>(caps.open_files - kFdReserve - caps.open_files / 16, 8);
+  caps.sessions = static_cast<int>(
+      std::clamp<int64_t>(budget / 2 / 2, 1, std::max(options.max_sessions, 1)));
+  caps.peers = static_cast<int>(
+      std::clamp<int64_t>(budget / 2 / 4, 1, std::max(options.max_peers, 1)));
+  return caps;
 }
 
 }  // namespace
@@ -126,7 +156,44 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   } else if (!options.advertise_address.empty()) {
     return absl::InvalidArgumentError("--advertise_address is set but --port is 0 (no TCP)");
   }
+  if (options.group_form_timeout < absl::Milliseconds(100)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group_form_timeout_ms is ", absl::ToInt64Milliseconds(options.group_form_timeout),
+        "; it must be >= 100"));
+  }
+  // Sessions and peers hold fds: their caps stay below the open-file limit.
+  const FdCaps fd_caps = ResolveFdCaps(options);
+  if (fd_caps.sessions < options.max_sessions || fd_caps.peers < options.max_peers) {
+    HSAP_LOG(WARNING) << "open-file limit " << fd_caps.open_files << ": caps lowered to "
+                      << fd_caps.sessions << " sessions (--max_sessions " << options.max_sessions
+                      << ") and " << fd_caps.peers << " peers (--max_peers " << options.max_peers
+                      << "), keeping " << kFdReserve + fd_caps.open_files / 16
+                      << " fds for gRPC, health and metrics; raise RLIMIT_NOFILE (LimitNOFILE= "
+                      << "in systemd) for more";
+  }
+  resolved.max_sessions = fd_caps.sessions;
+  resolved.max_peers = fd_caps.peers;
+  std::shared_ptr<const cluster::PeerTls> tls;
+  const bool tls_asked = !options.tls_cert_file.empty() || !options.tls_key_file.empty() ||
+                         !options.tls_ca_file.empty();
+  if (tls_asked) {
+    if (options.tcp_port <= 0) {
+      return absl::InvalidArgumentError("--tls_cert/--tls_key/--tls_ca are set but --port is 0");
+    }
+    auto loaded = cluster::PeerTls::Load(
+        {options.tls_cert_file, options.tls_key_file, options.tls_ca_file});
+    if (!loaded.ok()) return loaded.status();
+    tls = *std::move(loaded);
+    if (!tls->self().NamesHostOf(resolved.advertise_address)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls_cert (", tls->self().Describe(), ") does not name '",
+          cluster::HostOfAddress(resolved.advertise_address), "', the host of this daemon's "
+          "advertised address ", resolved.advertise_address,
+          ": its peers would refuse it (add it to the certificate's subject alternative names)"));
+    }
+  }
   std::unique_ptr<Daemon> d(new Daemon(resolved));
+  d->tls_ = tls;
   if (options.tcp_port > 0) {
     // First, before other threads start: UCX reads its environment here.
     transport::UcxWorkerOptions ucx_options;
@@ -198,13 +265,23 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->state_->limits.self_address = resolved.advertise_address;
   d->state_->cluster = d->cluster_node_.get();
   d->state_->limits.device_slots = options.cpu_devices;
-  if (options.tcp_port > 0 && options.tcp_token.empty()) {
-    // Kept working for single-machine tests and trusted networks; see
-    // docs/decisions.md ("TCP token").
-    HSAP_LOG(WARNING) << "*** TCP port " << options.tcp_port << " is open WITHOUT a token: anyone "
-                      << "who can reach " << options.tcp_host << ":" << options.tcp_port
-                      << " can join this daemon's groups, abort their calls,"
-                      << " and evict plans. Give --token_file (mode 0600) on every node. ***";
+  if (options.tcp_port > 0 && tls == nullptr) {
+    // See docs/reliability.md, "Trust between daemons".
+    if (options.tcp_token.empty() && options.insecure_peers) {
+      HSAP_LOG(WARNING) << "*** TCP port " << options.tcp_port << " takes peer calls WITHOUT "
+                        << "authentication (--insecure_peers): anyone who can reach "
+                        << options.tcp_host << ":" << options.tcp_port
+                        << " can talk to this daemon's peer service. Use --tls_cert/--tls_key/"
+                        << "--tls_ca (or at least --token_file) off a trusted network. ***";
+    } else if (options.tcp_token.empty()) {
+      HSAP_LOG(WARNING) << "TCP port " << options.tcp_port << " has neither TLS nor a token: "
+                        << "it refuses every peer call (groups with other daemons cannot form); "
+                        << "give --tls_cert/--tls_key/--tls_ca, --token_file, or --insecure_peers";
+    } else {
+      HSAP_LOG(WARNING) << "TCP port " << options.tcp_port << " authenticates with the token "
+                        << "but has no TLS: the token and all peer traffic cross the network in "
+                        << "clear text; give --tls_cert/--tls_key/--tls_ca off a private network";
+    }
   }
   if (d->cluster_node_ != nullptr) {
     DaemonState* state = d->state_.get();
@@ -235,8 +312,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   HSAP_LOG(INFO) << "hsapd serving on unix:" << options.socket_path << " (sessions: "
                  << d->session_socket_path() << ")"
                  << (options.tcp_port > 0
-                         ? absl::StrCat(", tcp ", options.tcp_host, ":", *bound_tcp,
-                                        options.tcp_token.empty() ? " (no token)" : " (token)")
+                         ? absl::StrCat(", tcp ", options.tcp_host, ":", *bound_tcp, " (",
+                                        tls != nullptr ? "mutual TLS"
+                                        : !options.tcp_token.empty()
+                                            ? "token, no TLS"
+                                        : options.insecure_peers
+                                            ? "INSECURE peers: --insecure_peers"
+                                            : "no TLS, no token: peer calls refused",
+                                        !options.tcp_token.empty() && tls != nullptr
+                                            ? ", token for operators"
+                                            : "",
+                                        ")")
                          : std::string(", tcp off"))
                  << "; devices cpu:" << options.cpu_devices << ", " << threads << " kernel threads"
                  << (d->exposer_ != nullptr
@@ -266,34 +352,46 @@ absl::StatusOr<int> Daemon::StartServices() {
   plans_ = std::make_unique<PlansService>(&state_->plans, options_.tcp_token, defaults, s->limits);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // Two servers, so that each listener has its own limits: the Unix socket
+  // takes local clients' large requests; the TCP port takes what peers and
+  // operators send, in a bounded memory quota (a refused caller cannot make
+  // the daemon buffer its body beyond it).
+  auto register_services = [this](grpc::ServerBuilder& builder) {
+    builder.RegisterService(attention_.get());
+    builder.RegisterService(regions_.get());
+    builder.RegisterService(cluster_.get());
+    builder.RegisterService(plans_.get());
+  };
   grpc::ServerBuilder builder;
   unlink(options_.socket_path.c_str());
   builder.AddListeningPort("unix:" + options_.socket_path, grpc::InsecureServerCredentials());
-  int bound_tcp = 0;
-  if (options_.tcp_port > 0) {
-    builder.AddListeningPort(absl::StrCat(options_.tcp_host, ":", options_.tcp_port),
-                             grpc::InsecureServerCredentials(), &bound_tcp);
-  }
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.RegisterService(attention_.get());
-  builder.RegisterService(regions_.get());
-  builder.RegisterService(cluster_.get());
-  builder.RegisterService(plans_.get());
-  if (cluster_node_ != nullptr) builder.RegisterService(cluster_node_->service());
+  builder.SetMaxReceiveMessageSize(kMaxLocalMessageBytes);
+  register_services(builder);
   const mode_t old_mask = umask(0177);  // the Unix socket is created 0600
   server_ = builder.BuildAndStart();
   umask(old_mask);
   if (server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("could not listen on unix:", options_.socket_path,
-                                               options_.tcp_port > 0
-                                                   ? absl::StrCat(" and ", options_.tcp_host, ":",
-                                                                  options_.tcp_port)
-                                                   : ""));
+    return absl::UnavailableError(absl::StrCat("could not listen on unix:", options_.socket_path));
   }
   chmod(options_.socket_path.c_str(), 0600);
-  if (options_.tcp_port > 0 && bound_tcp == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("could not listen on ", options_.tcp_host, ":", options_.tcp_port));
+  int bound_tcp = 0;
+  if (options_.tcp_port > 0) {
+    grpc::ServerBuilder tcp;
+    tcp.AddListeningPort(absl::StrCat(options_.tcp_host, ":", options_.tcp_port),
+                         tls_ != nullptr ? tls_->ServerCredentials()
+                                         : grpc::InsecureServerCredentials(),
+                         &bound_tcp);
+    tcp.SetMaxReceiveMessageSize(kMaxTcpMessageBytes);
+    grpc::ResourceQuota quota("hsapd-tcp");
+    quota.Resize(kTcpMemoryQuotaBytes);
+    tcp.SetResourceQuota(quota);
+    register_services(tcp);
+    if (cluster_node_ != nullptr) tcp.RegisterService(cluster_node_->service());
+    tcp_server_ = tcp.BuildAndStart();
+    if (tcp_server_ == nullptr || bound_tcp == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("could not listen on ", options_.tcp_host, ":", options_.tcp_port));
+    }
   }
   return bound_tcp;
 }
@@ -311,6 +409,9 @@ absl::Status Daemon::StartCluster() {
   c.devices_per_node = options_.cpu_devices;
   c.version = kVersion;
   c.token = options_.tcp_token;
+  c.tls = tls_;
+  c.insecure_peers = options_.insecure_peers;
+  c.group_form_timeout = options_.group_form_timeout;
   c.heartbeat_period = options_.heartbeat_period;
   c.suspect_after = options_.peer_down_after * 0.6;
   c.down_after = options_.peer_down_after;
@@ -370,7 +471,8 @@ void Daemon::WireLimits(const shm::RegionLimits& limits) {
   m.SetLimit("max_region_mappings", static_cast<double>(limits.max_mappings));
   m.SetLimit("max_call_groups", options_.max_call_groups);
   m.SetLimit("max_peers", options_.max_peers);
-  m.SetLimit("max_message_bytes", 64 << 20);
+  m.SetLimit("max_message_bytes", kMaxLocalMessageBytes);
+  m.SetLimit("max_tcp_message_bytes", kMaxTcpMessageBytes);
   m.SetLimit("plan_cache_bytes", static_cast<double>(plan::PlanCacheOptions().max_bytes));
   HSAP_LOG(INFO) << "caps: " << options_.max_sessions << " sessions, "
                  << limits.max_regions_per_session << " regions per session, "
@@ -381,11 +483,15 @@ void Daemon::WireLimits(const shm::RegionLimits& limits) {
 }
 
 void Daemon::SetServing(bool serving) {
-  auto* health = server_->GetHealthCheckService();
-  if (health == nullptr) return;
-  health->SetServingStatus(serving);
-  for (const char* service : {"hsap.v1.Attention", "hsap.v1.Regions", "hsap.v1.Cluster", "hsap.v1.Plans"}) {
-    health->SetServingStatus(service, serving);
+  for (grpc::Server* server : {server_.get(), tcp_server_.get()}) {
+    if (server == nullptr) continue;
+    auto* health = server->GetHealthCheckService();
+    if (health == nullptr) continue;
+    health->SetServingStatus(serving);
+    for (const char* service :
+         {"hsap.v1.Attention", "hsap.v1.Regions", "hsap.v1.Cluster", "hsap.v1.Plans"}) {
+      health->SetServingStatus(service, serving);
+    }
   }
 }
 
@@ -400,8 +506,15 @@ void Daemon::Drain(absl::Duration timeout) {
     HSAP_LOG(WARNING) << "drain timeout: " << state_->gate.in_flight() << " call(s) cut short";
   }
   state_->active.AbortAll(absl::UnavailableError("hsapd is draining"));
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  if (cluster_start_.joinable()) cluster_start_.join();
+  const auto stop_by = std::chrono::system_clock::now() + std::chrono::seconds(1);
+  if (tcp_server_ != nullptr) tcp_server_->Shutdown(stop_by);
+  server_->Shutdown(stop_by);
+  if (cluster_start_.joinable()) {
+    // A static peer that never answered must not hold the stop for the
+    // rest of --join_timeout.
+    cluster_node_->CancelStartWait();
+    cluster_start_.join();
+  }
   session_socket_.reset();  // ends every session, reclaims their regions
   exposer_.reset();
   unlink(options_.socket_path.c_str());

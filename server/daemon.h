@@ -35,9 +35,28 @@ struct DaemonOptions {
   int tcp_port = 0;
   // Shared token every TCP call must carry as `authorization: Bearer
   // <token>` (server/grpc/tcp_auth.h); also sent on this node's Peer RPCs.
-  // Empty: TCP is open (a warning is logged when TCP is on). main.cc reads
-  // it from --token_file (common/auth_token.h: ReadTokenFile).
+  // Empty: no token. main.cc reads it from --token_file
+  // (common/auth_token.h: ReadTokenFile). With TLS it is the operators'
+  // credential only (peers present certificates).
   std::string tcp_token;
+  // Mutual TLS between daemons (server/cluster/peer_tls.h): all three PEM
+  // files, or none. With them the TCP port speaks TLS only; a peer's
+  // identity is its certificate, whose subject alternative names must name
+  // the host of the address it advertises.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
+  // Without TLS and without a token the TCP port refuses peer calls unless
+  // this is set (a trusted network, loopback tests); the start-up line
+  // says which.
+  bool insecure_peers = false;
+  // A group whose members have not all joined its root this long after its
+  // formation began fails, naming them (or at the call's deadline).
+  absl::Duration group_form_timeout = absl::Seconds(5);
+  // RLIMIT_NOFILE to size the session and peer caps by; 0: getrlimit's
+  // soft limit. The caps leave kFdReserve (and a sixteenth) of it to gRPC,
+  // health, metrics and the daemon's own files.
+  int64_t open_file_limit = 0;
   // CPU device slots ("--devices=cpu:N") and kernel threads (0 = one per core).
   int cpu_devices = 1;
   int cpu_threads = 0;
@@ -102,6 +121,18 @@ struct DaemonOptions {
   int metrics_request_timeout_ms = 2000;
 };
 
+// The TCP listener's message limit: the largest peer message (a link
+// probe carries at most 3 MiB) with room to spare. The Unix socket keeps
+// kMaxLocalMessageBytes for local clients' requests.
+inline constexpr int kMaxTcpMessageBytes = 4 << 20;
+inline constexpr int kMaxLocalMessageBytes = 64 << 20;
+// Memory the TCP listener's transport may hold for messages being read, all
+// connections together (a gRPC ResourceQuota): a caller who is refused
+// (no token, no certificate) cannot make the daemon buffer more.
+inline constexpr size_t kTcpMemoryQuotaBytes = 16 << 20;
+// File descriptors kept out of the session and peer caps.
+inline constexpr int64_t kFdReserve = 64;
+
 class Daemon {
  public:
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
@@ -139,7 +170,9 @@ class Daemon {
   std::unique_ptr<RegionsService> regions_;
   std::unique_ptr<ClusterService> cluster_;
   std::unique_ptr<PlansService> plans_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> server_;      // the Unix socket
+  std::unique_ptr<grpc::Server> tcp_server_;  // the TCP port (peers, operators), if any
+  std::shared_ptr<const cluster::PeerTls> tls_;
   std::unique_ptr<shm::SessionSocket> session_socket_;
   class RefreshingCollectable;
   std::unique_ptr<RefreshingCollectable> collect_;  // what exposer_ serves

@@ -29,7 +29,22 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "TCP address to listen on when --port 
 ABSL_FLAG(std::string, token_file, "",
           "file holding the shared token that every TCP call (peers, operators) must carry as "
           "'authorization: Bearer <token>'; the file must not be accessible to group or others "
-          "(mode 0600/0400). Empty: TCP calls are not authenticated (a warning is logged)");
+          "(mode 0600/0400). With TLS it authenticates operators only (peers present "
+          "certificates); without TLS it also authenticates peers, and crosses the network in "
+          "clear text. Empty: no token");
+ABSL_FLAG(std::string, tls_cert, "",
+          "mutual TLS between daemons: this node's PEM certificate (then any intermediates), "
+          "signed by --tls_ca, whose subject alternative names (DNS or IP) name the host of "
+          "--advertise_address. With --tls_key and --tls_ca the TCP port speaks TLS only and a "
+          "peer's identity is its certificate (deploy/tls/make_certs.sh makes a small CA)");
+ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert (mode 0600/0400)");
+ABSL_FLAG(std::string, tls_ca, "", "the PEM CA certificate(s) every peer's certificate must chain to");
+ABSL_FLAG(bool, insecure_peers, false,
+          "without TLS and without --token_file, accept peer calls on the TCP port anyway (a "
+          "trusted network, or loopback tests); otherwise such a port refuses them");
+ABSL_FLAG(int, group_form_timeout_ms, 5000,
+          "a group formed at run time whose members have not all joined its root this long after "
+          "its first call arrived fails, naming them (or at the call's deadline, if sooner)");
 ABSL_FLAG(int, metrics_port, 0,
           "HTTP port serving Prometheus /metrics and the plan viewer (/plans); 0 = off");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
@@ -146,6 +161,11 @@ int main(int argc, char** argv) {
   options.socket_path = absl::GetFlag(FLAGS_socket);
   options.tcp_port = absl::GetFlag(FLAGS_port);
   options.tcp_host = absl::GetFlag(FLAGS_host);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.insecure_peers = absl::GetFlag(FLAGS_insecure_peers);
+  options.group_form_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_group_form_timeout_ms));
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.plan_pages = absl::GetFlag(FLAGS_plan_pages);

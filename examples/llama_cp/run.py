@@ -208,7 +208,7 @@ class Cluster:
     def __init__(self, args, env):
         from hsap.daemon import LocalDaemon
         ports = free_ports(2)
-        flags = ["--host=127.0.0.1", "--cpu_threads=1", "--ucx_transports=tcp",
+        flags = ["--host=127.0.0.1", "--cpu_threads=1", "--ucx_transports=tcp", "--insecure_peers",
                  "--heartbeat_ms=100", f"--call_deadline_ms={args.deadline_ms}"]
         self.daemons = []
         for port in ports:

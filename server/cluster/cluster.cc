@@ -30,13 +30,19 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-std::shared_ptr<grpc::Channel> PeerChannel(const std::string& address, const std::string& token) {
+// With TLS the channel presents this node's certificate and checks the
+// peer's against the CA and `address`'s host; the token is the operators'
+// credential then and is not sent. Without TLS the token (if any) rides on
+// every call.
+std::shared_ptr<grpc::Channel> PeerChannel(const std::string& address, const std::string& token,
+                                           const std::shared_ptr<const PeerTls>& tls) {
   grpc::ChannelArguments args;
   // A peer that comes back must be reachable again within a heartbeat or
   // two, not after gRPC's default reconnect backoff (up to 120 s).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  if (tls != nullptr) return grpc::CreateCustomChannel(address, tls->ChannelCredentials(), args);
   return CreateChannelWithToken(address, token, args);
 }
 
@@ -51,6 +57,7 @@ Cluster::~Cluster() {
     stopping_ = true;
   }
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (report_thread_.joinable()) report_thread_.join();
   // It cancels and drains the run-time heartbeats in flight.
   if (liveness_thread_.joinable()) liveness_thread_.join();
 }
@@ -116,6 +123,7 @@ absl::Status Cluster::Start(const ClusterOptions& options, transport::UcxWorker*
     started_ = true;
   }
   liveness_thread_ = std::thread([this] { LivenessLoop(); });
+  report_thread_ = std::thread([this] { ReportLoop(); });
   if (n == 0) {
     HSAP_LOG(INFO) << "peer layer up at " << o.advertise_address
                    << " (no static cluster: groups form at run time)";
@@ -124,10 +132,15 @@ absl::Status Cluster::Start(const ClusterOptions& options, transport::UcxWorker*
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
 
   absl::MutexLock lock(&mu_);
-  if (mu_.AwaitWithTimeout(absl::Condition(this, &Cluster::FormedLocked), options.join_timeout)) {
+  if (mu_.AwaitWithTimeout(absl::Condition(this, &Cluster::FormedOrCancelledLocked),
+                           options.join_timeout) &&
+      FormedLocked()) {
     HSAP_LOG(INFO) << "cluster formed: node " << options.node_rank << " of " << n << ", epoch "
                    << epoch_;
     return absl::OkStatus();
+  }
+  if (start_wait_cancelled_) {
+    return absl::UnavailableError("stopped before the cluster formed");
   }
   std::vector<std::string> missing;
   for (int32_t node = 0; node < n; ++node) {
@@ -147,8 +160,15 @@ PeerRecord& Cluster::StaticPeer(int32_t node) const { return *peers_.Find(node);
 std::shared_ptr<v1::Peer::Stub> Cluster::MakeStub(const std::string& address) const
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
   return std::shared_ptr<v1::Peer::Stub>(
-      v1::Peer::NewStub(PeerChannel(address, options_.token)));
+      v1::Peer::NewStub(PeerChannel(address, options_.token, options_.tls)));
 }
+
+void Cluster::CancelStartWait() {
+  absl::MutexLock lock(&mu_);
+  start_wait_cancelled_ = true;
+}
+
+bool Cluster::FormedOrCancelledLocked() const { return start_wait_cancelled_ || FormedLocked(); }
 
 bool Cluster::FormedLocked() const {
   if (!started_) return false;
@@ -204,7 +224,12 @@ void Cluster::AddCallAbortCallback(CallAbortCallback callback) {
 }
 
 void Cluster::RunNodeAbort(int32_t node, const absl::Status& reason) {
-  HSAP_LOG(WARNING) << "aborting calls with peer " << node << ": " << reason;
+  std::string name = absl::StrCat("local id ", node);
+  {
+    absl::MutexLock lock(&mu_);
+    if (const PeerRecord* p = peers_.Find(node)) name = PeerName(*p);
+  }
+  HSAP_LOG(WARNING) << "aborting calls with peer " << name << ": " << reason;
   std::vector<NodeAbortCallback> callbacks;
   {
     absl::MutexLock lock(&callbacks_mu_);
@@ -404,20 +429,61 @@ void Cluster::HeartbeatLoop() {
   for (auto& t : threads) t.join();
 }
 
-grpc::Status Cluster::CheckPeerToken(const grpc::ServerContext& context) const {
+absl::StatusOr<PeerCaller> Cluster::AuthorizePeerCall(const grpc::ServerContext& context) const {
+  PeerCaller caller;
+  caller.transport = context.peer();
   std::string token;
+  std::shared_ptr<const PeerTls> tls;
+  bool insecure = false;
+  std::string self;
   {
     absl::MutexLock lock(&mu_);
-    if (!started_) return grpc::Status::OK;
+    if (!started_) return caller;
     token = options_.token;
+    tls = options_.tls;
+    insecure = options_.insecure_peers;
+    self = options_.advertise_address;
   }
-  if (token.empty()) return grpc::Status::OK;
-  const absl::Status st = CheckBearerToken(context, token);
-  return st.ok() ? grpc::Status::OK : ToGrpc(st);
+  absl::Status refused;
+  if (tls != nullptr) {
+    absl::StatusOr<CertificateIdentity> who = tls->VerifyCaller(context);
+    if (who.ok()) {
+      caller.tls = true;
+      caller.certificate = *std::move(who);
+      return caller;
+    }
+    refused = who.status();
+  } else if (!token.empty()) {
+    refused = CheckBearerToken(context, token);
+    if (refused.ok()) return caller;
+  } else if (insecure) {
+    return caller;
+  } else {
+    refused = absl::UnauthenticatedError(absl::StrCat(
+        "hsapd ", self, " takes no peer calls over TCP: it has neither mutual TLS (--tls_cert, "
+        "--tls_key, --tls_ca) nor a token (--token_file); start it with --insecure_peers to "
+        "accept unauthenticated peers on a trusted network"));
+  }
+  HSAP_LOG(WARNING) << "refused a peer call from " << caller.transport << ": " << refused.message();
+  return refused;
 }
 
-grpc::Status Cluster::OnJoin(const v1::JoinRequest& request, v1::JoinResponse* response) {
+absl::Status Cluster::CheckClaim(const PeerCaller& caller, const std::string& claimed,
+                                 absl::string_view what) const {
+  if (!caller.tls || claimed.empty() || caller.certificate.NamesHostOf(claimed)) {
+    return absl::OkStatus();
+  }
+  const absl::Status refused = absl::PermissionDeniedError(absl::StrCat(
+      what, " from ", caller.transport, " claims to be ", claimed, " but its certificate (",
+      caller.certificate.Describe(), ") does not name '", HostOfAddress(claimed), "'"));
+  HSAP_LOG(WARNING) << "refused: " << refused.message();
+  return refused;
+}
+
+grpc::Status Cluster::OnJoin(const PeerCaller& caller, const v1::JoinRequest& request,
+                             v1::JoinResponse* response) {
   int32_t self, n, devices;
+  std::string claimed;
   {
     absl::MutexLock lock(&mu_);
     if (!started_ || stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not started");
@@ -428,7 +494,11 @@ grpc::Status Cluster::OnJoin(const v1::JoinRequest& request, v1::JoinResponse* r
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "this node has no static cluster (--peers): groups form with JoinGroup");
     }
+    if (request.node_rank() >= 0 && request.node_rank() < n) {
+      claimed = options_.peers[request.node_rank()];
+    }
   }
+  if (absl::Status who = CheckClaim(caller, claimed, "Join"); !who.ok()) return ToGrpc(who);
   // Every field, the UCX address included, before anything uses it.
   const absl::Status valid = ValidateJoinRequest(request, ClusterShape{self, n, devices}, UcxCheck());
   if (!valid.ok()) return ToGrpc(valid);
@@ -440,8 +510,18 @@ grpc::Status Cluster::OnJoin(const v1::JoinRequest& request, v1::JoinResponse* r
   return grpc::Status::OK;
 }
 
-grpc::Status Cluster::OnHeartbeat(const v1::HeartbeatRequest& request,
+grpc::Status Cluster::OnHeartbeat(const PeerCaller& caller, const v1::HeartbeatRequest& request,
                                   v1::HeartbeatResponse* response) {
+  if (caller.tls) {
+    std::string claimed = request.address();
+    {
+      absl::MutexLock lock(&mu_);
+      if (claimed.empty() && request.node_rank() >= 0 && request.node_rank() < num_static_) {
+        claimed = options_.peers[request.node_rank()];
+      }
+    }
+    if (absl::Status who = CheckClaim(caller, claimed, "Heartbeat"); !who.ok()) return ToGrpc(who);
+  }
   absl::MutexLock lock(&mu_);
   if (!started_ || stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not started");
   response->set_node_rank(self_);

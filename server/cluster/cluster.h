@@ -63,6 +63,7 @@
 #include "server/cluster/link_probe.h"
 #include "server/cluster/group_table.h"
 #include "server/cluster/peer_table.h"
+#include "server/cluster/peer_tls.h"
 #include "server/cluster/plan_agreement.h"
 #include "server/plan/cost_model.h"
 #include "server/transport/ucx_worker.h"
@@ -95,10 +96,34 @@ struct ClusterOptions {
   absl::Duration peer_linger = absl::Seconds(5);
   // Multi-node groups at most (--max_call_groups).
   int max_groups = 4096;
-  // Shared token of the cluster's TCP endpoints (hsapd --token_file): sent
-  // as `authorization: Bearer <token>` on every Peer RPC, and required on
-  // every Peer RPC received (UNAUTHENTICATED otherwise). Empty: none.
+  // Shared token of the cluster's TCP endpoints (hsapd --token_file).
+  // Without TLS: sent as `authorization: Bearer <token>` on every Peer RPC,
+  // and required on every Peer RPC received (UNAUTHENTICATED otherwise).
+  // With TLS it is the operators' credential only: peers prove themselves
+  // with their certificates and never send it. Empty: none.
   std::string token;
+  // Mutual TLS between daemons (peer_tls.h): a peer call is believed only
+  // for the address its certificate names; this node's calls present its
+  // certificate. Null: no TLS.
+  std::shared_ptr<const PeerTls> tls;
+  // Without TLS and without a token, peer calls are refused
+  // (UNAUTHENTICATED) unless this is set (hsapd --insecure_peers): a
+  // trusted network, or loopback tests.
+  bool insecure_peers = false;
+  // A group whose members have not all joined its root this long after its
+  // formation began here fails, naming them (hsapd --group_form_timeout_ms;
+  // the call's deadline when that comes first).
+  absl::Duration group_form_timeout = absl::Seconds(5);
+};
+
+// Who sent a peer call, as far as this daemon can tell (Cluster::
+// AuthorizePeerCall): with TLS, the verified certificate; otherwise only
+// the transport address (the request's claims are then checked by calling
+// the claimed address back, and by the group key).
+struct PeerCaller {
+  bool tls = false;
+  CertificateIdentity certificate;  // when tls
+  std::string transport;            // grpc::ServerContext::peer()
 };
 
 // What the Cluster status service reports per peer.
@@ -155,6 +180,10 @@ class Cluster {
   // INVALID_ARGUMENT for bad options. REQUIRES: called once; `worker`
   // outlives the Cluster.
   absl::Status Start(const ClusterOptions& options, transport::UcxWorker* worker);
+  // Ends a Start() that is waiting for the static peers at once
+  // (UNAVAILABLE): a daemon told to stop does not wait out join_timeout
+  // for a peer that never answers. Heartbeats go on until destruction.
+  void CancelStartWait();
 
   // Runs when a peer goes DOWN or restarts (new incarnation), with its id.
   void AddNodeAbortCallback(NodeAbortCallback callback);
@@ -176,13 +205,17 @@ class Cluster {
                                                     int32_t ranks_per_node = 0);
   void ReleaseCallPeers(const std::vector<int32_t>& peers);
   // Forms `group` (after AcquireGroup) unless it is UP: the root waits for
-  // every member's JoinGroup, a member sends JoinGroup to the root until it
-  // answers formed; both then connect UCX to each member (once per peer
-  // incarnation). Every local rank may call it; one drives, the others
-  // wait. Errors (the group is then FAILED): DEADLINE_EXCEEDED naming the
-  // members that did not join (or the root), UNAVAILABLE when the root is
-  // down, FAILED_PRECONDITION when the root refused (another member list,
-  // a failed group) or the group already failed.
+  // every member's JoinGroup (each confirmed by calling the member back), a
+  // member sends JoinGroup to the root until it answers formed; both then
+  // connect UCX to each member (once per peer incarnation). Every local
+  // rank may call it; one drives, the others wait. It waits at most
+  // options.group_form_timeout (or to `deadline`, when sooner). Errors (the
+  // group is then FAILED): DEADLINE_EXCEEDED naming the members that did
+  // not join (or the root), UNAVAILABLE when the root is down,
+  // FAILED_PRECONDITION when the root refused (another member list, another
+  // root, a member that refused the group, a failed group) or the group
+  // already failed, PERMISSION_DENIED when the root does not count this
+  // node among the members.
   absl::Status FormGroup(const std::string& group, absl::Time deadline);
   // The call matcher released `group`: its entry goes, its peers lose a
   // reference.
@@ -261,17 +294,65 @@ class Cluster {
  private:
   friend class PeerServiceImpl;
 
-  // OK when `context` carries options.token (or there is none, or Start
-  // has not run: the handlers then answer UNAVAILABLE).
-  grpc::Status CheckPeerToken(const grpc::ServerContext& context) const;
+  // The first step of every Peer handler: with TLS a verified client
+  // certificate, else the token when there is one, else --insecure_peers;
+  // UNAUTHENTICATED (logged, naming the caller) otherwise. Before Start it
+  // lets the call through (the handlers then answer UNAVAILABLE).
+  absl::StatusOr<PeerCaller> AuthorizePeerCall(const grpc::ServerContext& context) const;
+  // With TLS: PERMISSION_DENIED (logged) unless the caller's certificate
+  // names the host of `claimed` (the address the request says it is from).
+  // OK without TLS (the claim is checked otherwise).
+  absl::Status CheckClaim(const PeerCaller& caller, const std::string& claimed,
+                          absl::string_view what) const;
   // RPC handlers (PeerServiceImpl forwards here).
-  grpc::Status OnJoin(const v1::JoinRequest& request, v1::JoinResponse* response);
-  grpc::Status OnHeartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
-  grpc::Status OnAgreePlan(const v1::AgreePlanRequest& request, v1::AgreePlanResponse* response);
-  grpc::Status OnAbortCall(const v1::AbortCallRequest& request);
-  grpc::Status OnJoinGroup(const v1::JoinGroupRequest& request, v1::JoinGroupResponse* response);
-  grpc::Status OnGroupProfile(const v1::GroupProfileRequest& request, absl::Time deadline,
-                              v1::GroupProfileResponse* response);
+  grpc::Status OnJoin(const PeerCaller& caller, const v1::JoinRequest& request,
+                      v1::JoinResponse* response);
+  grpc::Status OnHeartbeat(const PeerCaller& caller, const v1::HeartbeatRequest& request,
+                           v1::HeartbeatResponse* response);
+  grpc::Status OnAgreePlan(const PeerCaller& caller, const v1::AgreePlanRequest& request,
+                           v1::AgreePlanResponse* response);
+  grpc::Status OnAbortCall(const PeerCaller& caller, const v1::AbortCallRequest& request);
+  grpc::Status OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupRequest& request,
+                           v1::JoinGroupResponse* response);
+  grpc::Status OnConfirmMember(const PeerCaller& caller, const v1::ConfirmMemberRequest& request,
+                               v1::ConfirmMemberResponse* response);
+  grpc::Status OnGroupProfile(const PeerCaller& caller, const v1::GroupProfileRequest& request,
+                              absl::Time deadline, v1::GroupProfileResponse* response);
+  // The root's answer to a JoinGroup from member `index` of `g` (whose
+  // identity it has confirmed): formed (with the key when `nonce_ok`) once
+  // every member joined. REQUIRES: g is UP or FORMING.
+  void AnswerJoinLocked(const GroupEntry& g, bool nonce_ok, v1::JoinGroupResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Per-call requests (AgreePlan, AbortCall, GroupProfile) of `group` from
+  // `sender` (a peer id, -1 when the address is no peer here) named
+  // `sender_name`: OK when it is a member of this node's group of that
+  // name with the group's key (or a static peer, for a group this node
+  // does not hold: the static cluster's calls), *not_formed when the group
+  // is still forming here (the request is then "not seen yet");
+  // PERMISSION_DENIED naming the sender and the group otherwise.
+  absl::Status CheckCallSenderLocked(absl::string_view what, const std::string& group,
+                                     int32_t sender, const std::string& sender_name,
+                                     uint64_t incarnation, const std::string& key,
+                                     bool* not_formed) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A declaration of `group` by this node's ranks that this node refused
+  // (or a group that failed here): kept a while so that the group's other
+  // nodes learn why at once (JoinGroup to a root that refused, a root's
+  // ConfirmMember to a member that refused); a member also tells the root
+  // (a JoinGroup with refused_code, sent by the report thread).
+  void RecordRefusalLocked(const std::string& group, const std::vector<std::string>& nodes,
+                           int32_t node_index, const absl::Status& reason, bool report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReportLoop();
+  // The root's side of a member's account (ConfirmMember's answer for
+  // member `index` of `g`): joins it when it agrees, fails `g` (returning
+  // why) when it refused the group or declared another list; OK without
+  // effect when it is not joining yet. `restart` / `member_peer`: a peer
+  // restart to run the aborts of (outside mu_).
+  absl::Status ApplyMemberViewLocked(GroupEntry& g, int32_t index,
+                                     const v1::ConfirmMemberResponse& view, absl::Status* restart,
+                                     int32_t* member_peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The root asks the members of forming `g` that have not joined yet.
+  void ConfirmMissingMembers(const std::shared_ptr<GroupEntry>& g);
   // Measured profiles (cluster_profiles.cc). The root's computation, and
   // the link to one peer (cached on its record).
   absl::StatusOr<std::string> RootGroupProfile(const std::string& group, bool declared,
@@ -288,10 +369,19 @@ class Cluster {
   // field for a bad node_rank / group.
   absl::StatusOr<int32_t> SenderPeer(int32_t node_rank, const std::string& address,
                                      uint64_t incarnation, const std::string& group) const;
+  // How messages name a per-call request's sender ("<address>#<incarnation>",
+  // or a static node), and the address it claims to be (for CheckClaim).
+  std::string SenderName(int32_t node_rank, const std::string& address,
+                         uint64_t incarnation) const;
+  std::string ClaimedAddress(int32_t node_rank, const std::string& address) const;
   // The UCX address check of this node's worker (null without one).
   std::function<absl::Status(absl::string_view)> UcxCheck() const;
-  // Records an abort (ours or a peer's) and runs the call-abort callbacks.
-  void ApplyAbort(const v1::AbortCallRequest& request, const std::string& sender);
+  // Records an abort (ours or a peer's) and runs the call-abort callbacks:
+  // always for ours (`local`), for a peer's only while this node runs the
+  // call as a multi-node call (PlanAgreement::HasLocal).
+  void ApplyAbort(const v1::AbortCallRequest& request, const std::string& sender, bool local);
+  // The key of declared group `group` here (empty: none, or not known).
+  std::string GroupKeyLocked(const std::string& group) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void HeartbeatLoop();
   void TickPeer(int32_t node);
@@ -302,6 +392,7 @@ class Cluster {
   void RunNodeAbort(int32_t node, const absl::Status& reason);
   v1::JoinRequest MakeJoinRequest() const;
   bool FormedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool FormedOrCancelledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PeerRecord& StaticPeer(int32_t node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Run-time peers (cluster_groups.cc).
@@ -312,7 +403,9 @@ class Cluster {
   // the static protocol.
   absl::Status LearnPeerLocked(int32_t peer, uint64_t incarnation, const std::string& ucx_address,
                                absl::Status* restart) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status JoinRoot(const std::shared_ptr<GroupEntry>& group, absl::Time deadline);
+  // A member's side of FormGroup; `by` says which deadline it is, for messages.
+  absl::Status JoinRoot(const std::shared_ptr<GroupEntry>& group, absl::Time deadline,
+                        const std::string& by);
   void FailGroupLocked(GroupEntry& group, const absl::Status& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct HeartbeatCall;
@@ -329,6 +422,7 @@ class Cluster {
   mutable absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool start_wait_cancelled_ ABSL_GUARDED_BY(mu_) = false;
   ClusterOptions options_ ABSL_GUARDED_BY(mu_);
   transport::UcxWorker* worker_ = nullptr;  // set once in Start
   int32_t num_static_ ABSL_GUARDED_BY(mu_) = 0;  // static nodes (ids 0..n-1)
@@ -338,6 +432,15 @@ class Cluster {
   uint64_t next_group_uid_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<CallKey, absl::Status> aborted_calls_ ABSL_GUARDED_BY(mu_);
+  struct Refusal {
+    std::vector<std::string> nodes;
+    int32_t node_index = 0;
+    absl::Status reason;
+    absl::Time when;
+  };
+  static constexpr size_t kMaxRefusals = 256;
+  std::map<std::string, Refusal> refusals_ ABSL_GUARDED_BY(mu_);  // by group name
+  std::vector<std::string> reports_ ABSL_GUARDED_BY(mu_);  // groups to report to their root
   LocalProfileFn local_profile_;  // set before Start
   mutable std::map<std::pair<int, int32_t>, std::string> static_profiles_ ABSL_GUARDED_BY(mu_);
   absl::Mutex probe_mu_;  // one link probe at a time (they would share links)
@@ -348,6 +451,7 @@ class Cluster {
 
   std::thread heartbeat_thread_;
   std::thread liveness_thread_;
+  std::thread report_thread_;
 };
 
 }  // namespace hsap::cluster

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/auth_token.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/cluster/cluster.h"
 #include "server/cluster/peer_validation.h"
@@ -47,7 +49,52 @@ absl::StatusOr<int32_t> Cluster::SenderPeer(int32_t node_rank, const std::string
   return node_rank;
 }
 
-grpc::Status Cluster::OnAgreePlan(const v1::AgreePlanRequest& request,
+std::string Cluster::GroupKeyLocked(const std::string& group) const {
+  std::shared_ptr<GroupEntry> g = groups_.Find(group);
+  return g == nullptr ? std::string() : g->key;
+}
+
+absl::Status Cluster::CheckCallSenderLocked(absl::string_view what, const std::string& group,
+                                            int32_t sender, const std::string& sender_name,
+                                            uint64_t incarnation, const std::string& key,
+                                            bool* not_formed) const {
+  *not_formed = false;
+  const PeerRecord* p = sender >= 0 ? peers_.Find(sender) : nullptr;
+  std::shared_ptr<GroupEntry> g = groups_.Find(group);
+  if (g == nullptr) {
+    // The static cluster's calls declare no group here: its nodes speak.
+    if (p != nullptr && p->pinned && !p->self) return absl::OkStatus();
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, " from ", sender_name, " for group '", group, "' refused: this daemon (",
+        options_.advertise_address, ") has no multi-node group of that name with ", sender_name,
+        " as a member"));
+  }
+  const GroupMember* m = sender >= 0 ? g->MemberOfPeer(sender) : nullptr;
+  if (m == nullptr) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, " from ", sender_name, " for group '", group, "' refused: ", sender_name,
+        " is not a member of the group (members [", absl::StrJoin(g->addresses(), ", "), "])"));
+  }
+  if (p != nullptr && !p->pinned && m->joined && m->incarnation != incarnation) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, " from ", sender_name, " for group '", group, "' refused: the group's member ",
+        m->address, " has incarnation ", m->incarnation));
+  }
+  if (g->state != GroupState::kUp) {
+    // Forming here: neither its key nor its members are settled yet.
+    *not_formed = true;
+    return absl::OkStatus();
+  }
+  if (!g->key.empty() && !TokensEqual(key, g->key)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, " from ", sender_name, " for group '", group,
+        "' refused: it does not carry the group's key (it did not join the group through its "
+        "root)"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status Cluster::OnAgreePlan(const PeerCaller& caller, const v1::AgreePlanRequest& request,
                                   v1::AgreePlanResponse* response) {
   {
     absl::MutexLock lock(&mu_);
@@ -58,13 +105,28 @@ grpc::Status Cluster::OnAgreePlan(const v1::AgreePlanRequest& request,
   if (!valid.ok()) return ToGrpc(valid);
   absl::StatusOr<int32_t> sender = SenderPeer(request.node_rank(), request.address(),
                                               request.incarnation(), request.group());
-  if (absl::IsNotFound(sender.status())) {
-    // A run-time peer whose group this node has not formed yet: "not seen
-    // yet" (it asks again; this node checks when its own ranks arrive).
-    response->set_agreed(false);
-    return grpc::Status::OK;
+  if (!sender.ok() && !absl::IsNotFound(sender.status())) return ToGrpc(sender.status());
+  const std::string name = SenderName(request.node_rank(), request.address(), request.incarnation());
+  if (absl::Status who = CheckClaim(caller, ClaimedAddress(request.node_rank(), request.address()),
+                                    "AgreePlan");
+      !who.ok()) {
+    return ToGrpc(who);
   }
-  if (!sender.ok()) return ToGrpc(sender.status());
+  {
+    absl::MutexLock lock(&mu_);
+    bool not_formed = false;
+    const absl::Status may = CheckCallSenderLocked("AgreePlan", request.group(),
+                                                   sender.ok() ? *sender : -1, name,
+                                                   request.incarnation(), request.group_key(),
+                                                   &not_formed);
+    if (!may.ok()) return ToGrpc(may);
+    if (not_formed) {
+      // Not formed here yet: "not seen yet" (it asks again; this node
+      // checks when its own ranks arrive). Nothing of it is kept.
+      response->set_agreed(false);
+      return grpc::Status::OK;
+    }
+  }
   const CallKey call{request.group(), request.call_seq(), request.backward()};
   uint32_t my_comm = 0;
   const std::string mine =
@@ -75,7 +137,7 @@ grpc::Status Cluster::OnAgreePlan(const v1::AgreePlanRequest& request,
   return grpc::Status::OK;
 }
 
-grpc::Status Cluster::OnAbortCall(const v1::AbortCallRequest& request) {
+grpc::Status Cluster::OnAbortCall(const PeerCaller& caller, const v1::AbortCallRequest& request) {
   {
     absl::MutexLock lock(&mu_);
     if (!started_) return kNotStarted;
@@ -84,15 +146,50 @@ grpc::Status Cluster::OnAbortCall(const v1::AbortCallRequest& request) {
   if (!valid.ok()) return ToGrpc(valid);
   absl::StatusOr<int32_t> sender = SenderPeer(request.node_rank(), request.address(),
                                               request.incarnation(), request.group());
-  // An abort from a member this node does not know yet still counts: the
-  // call must not start here either.
   if (!sender.ok() && !absl::IsNotFound(sender.status())) return ToGrpc(sender.status());
-  ApplyAbort(request, request.address().empty() ? absl::StrCat(request.node_rank())
-                                                : request.address());
+  const std::string name = SenderName(request.node_rank(), request.address(), request.incarnation());
+  if (absl::Status who = CheckClaim(caller, ClaimedAddress(request.node_rank(), request.address()),
+                                    "AbortCall");
+      !who.ok()) {
+    return ToGrpc(who);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    bool not_formed = false;
+    const absl::Status may = CheckCallSenderLocked("AbortCall", request.group(),
+                                                   sender.ok() ? *sender : -1, name,
+                                                   request.incarnation(), request.group_key(),
+                                                   &not_formed);
+    if (!may.ok()) {
+      HSAP_LOG(WARNING) << may.message();
+      return ToGrpc(may);
+    }
+    // A group still forming here runs no call of it yet.
+    if (not_formed) return grpc::Status::OK;
+  }
+  ApplyAbort(request, name, /*local=*/false);
   return grpc::Status::OK;
 }
 
-void Cluster::ApplyAbort(const v1::AbortCallRequest& request, const std::string& sender) {
+std::string Cluster::SenderName(int32_t node_rank, const std::string& address,
+                                uint64_t incarnation) const {
+  if (!address.empty()) return absl::StrCat(address.substr(0, 256), "#", incarnation);
+  absl::MutexLock lock(&mu_);
+  if (node_rank >= 0 && node_rank < num_static_) {
+    return absl::StrCat(PeerName(StaticPeer(node_rank)), " (static node ", node_rank, ")");
+  }
+  return absl::StrCat("node_rank ", node_rank);
+}
+
+std::string Cluster::ClaimedAddress(int32_t node_rank, const std::string& address) const {
+  if (!address.empty()) return address;
+  absl::MutexLock lock(&mu_);
+  if (node_rank >= 0 && node_rank < num_static_) return options_.peers[node_rank];
+  return "";
+}
+
+void Cluster::ApplyAbort(const v1::AbortCallRequest& request, const std::string& sender,
+                         bool local) {
   absl::Status reason(static_cast<absl::StatusCode>(request.code()),
                       absl::StrCat("node ", sender, ": ", request.message()));
   if (reason.ok()) reason = absl::AbortedError(absl::StrCat("aborted by node ", sender));
@@ -101,6 +198,10 @@ void Cluster::ApplyAbort(const v1::AbortCallRequest& request, const std::string&
     aborted_calls_[{request.group(), request.call_seq(), false}] = reason;
     if (aborted_calls_.size() > 4096) aborted_calls_.erase(aborted_calls_.begin());
   }
+  // A peer ends only what this node runs with it (a one-node call of the
+  // same name is no peer's to end); a call that has not reached the
+  // agreement here finds the abort there.
+  if (!local && !agreement_.HasLocal(request.group(), request.call_seq())) return;
   std::vector<CallAbortCallback> callbacks;
   {
     absl::MutexLock lock(&callbacks_mu_);
@@ -124,7 +225,8 @@ void Cluster::AbortCall(const std::string& group, uint64_t call_seq, const absl:
     absl::MutexLock lock(&mu_);
     request.set_node_rank(self_);
     request.set_address(options_.advertise_address);
-    self_name = num_static_ > 0 ? absl::StrCat(self_) : options_.advertise_address;
+    request.set_group_key(GroupKeyLocked(group));
+    self_name = absl::StrCat(options_.advertise_address, "#", incarnation_);
     rpc_timeout = options_.rpc_timeout;
     for (const PeerRecord* p : peers_.All()) {
       const bool member = members.empty()
@@ -133,7 +235,7 @@ void Cluster::AbortCall(const std::string& group, uint64_t call_seq, const absl:
       if (member && p->stub != nullptr && p->state != NodeState::kDown) stubs.push_back(p->stub);
     }
   }
-  ApplyAbort(request, self_name);
+  ApplyAbort(request, self_name, /*local=*/true);
   for (const auto& stub : stubs) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout));
@@ -191,6 +293,7 @@ absl::StatusOr<std::vector<uint32_t>> Cluster::AgreePlan(const CallKey& call,
     request.set_node_rank(self_);
     request.set_address(options_.advertise_address);
     request.set_incarnation(incarnation_);
+    request.set_group_key(GroupKeyLocked(call.group));
     rpc_timeout = options_.rpc_timeout;
   }
   HSAP_RETURN_IF_ERROR(agreement_.SetLocal(call, plan_key, recv_comm));

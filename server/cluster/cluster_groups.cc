@@ -1,5 +1,6 @@
-// Cluster: groups formed at run time (AcquireGroup, FormGroup, JoinGroup,
-// ReleaseGroup) and the liveness of their run-time peers. See cluster.h.
+// Cluster: the groups formed at run time (AcquireGroup, ReleaseGroup, the
+// peers they learn) and the liveness of their run-time peers. Their
+// formation protocol is in cluster_formation.cc. See cluster.h.
 #include <algorithm>
 #include <utility>
 
@@ -12,26 +13,6 @@
 #include "server/cluster/peer_validation.h"
 
 namespace hsap::cluster {
-namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-// What a rank thread waiting for a group's formation waits on.
-struct FormationWait {
-  const GroupEntry* group;
-  const bool* stopping;
-  bool driver;  // the driver waits for the state; the others for the driver too
-};
-
-bool FormationChanged(FormationWait* w) {
-  if (*w->stopping || w->group->state != GroupState::kForming) return true;
-  return !w->driver && !w->group->forming;
-}
-
-}  // namespace
-
 // One run-time heartbeat in flight on the liveness thread's completion
 // queue. It holds the peer's stub (and so its channel) until the liveness
 // thread deletes it: a channel must not be destroyed on a gRPC thread.
@@ -54,15 +35,29 @@ absl::StatusOr<std::vector<int32_t>> Cluster::AcquireGroup(const std::string& gr
   if (!started_) return absl::FailedPreconditionError("the peer layer has not started");
   if (node_index < 0 || node_index >= static_cast<int32_t>(nodes.size()) ||
       nodes[node_index] != options_.advertise_address) {
+    // Not this daemon's place: nobody of the group is told (it is not one
+    // of its members); the real member never joins and the group fails by
+    // --group_form_timeout_ms, naming it.
     return absl::InvalidArgumentError(absl::StrCat(
         "group '", group, "': node_index ", node_index, " does not name this daemon ('",
         options_.advertise_address, "') in [", absl::StrJoin(nodes, ", "), "]"));
   }
   bool added = false;
-  HSAP_ASSIGN_OR_RETURN(std::shared_ptr<GroupEntry> g,
-                        groups_.FindOrAdd(group, nodes, node_index, &added));
+  absl::StatusOr<std::shared_ptr<GroupEntry>> found =
+      groups_.FindOrAdd(group, nodes, node_index, &added);
+  if (!found.ok()) {
+    // Another member list under the name, or --max_call_groups: the
+    // group's other nodes learn it at once (a FAILED group already failed
+    // there too, or will by its own cause).
+    if (!absl::IsFailedPrecondition(found.status())) {
+      RecordRefusalLocked(group, nodes, node_index, found.status(), /*report=*/true);
+    }
+    return found.status();
+  }
+  std::shared_ptr<GroupEntry> g = *std::move(found);
   const absl::Time now = absl::Now();
   if (added) {
+    refusals_.erase(group);
     bool all_pinned = true;
     for (size_t i = 0; i < nodes.size(); ++i) {
       GroupMember& m = g->members[i];
@@ -84,6 +79,7 @@ absl::StatusOr<std::vector<int32_t>> Cluster::AcquireGroup(const std::string& gr
           if (static_cast<int32_t>(j) != node_index) peers_.Unreference(g->members[j].peer, now);
         }
         groups_.Remove(group);
+        RecordRefusalLocked(group, nodes, node_index, peer.status(), /*report=*/true);
         return peer.status();
       }
       m.peer = (*peer)->id;
@@ -97,7 +93,11 @@ absl::StatusOr<std::vector<int32_t>> Cluster::AcquireGroup(const std::string& gr
     // The root's uid: its incarnation and a counter (unique among its
     // groups); a group of static nodes only takes one here at once.
     if (node_index == 0 || all_pinned) g->uid = incarnation_ ^ ++next_group_uid_;
-    if (all_pinned) g->state = GroupState::kUp;
+    if (all_pinned) {
+      g->state = GroupState::kUp;  // the static cluster's peers: trusted as such, no key
+    } else if (node_index == 0) {
+      g->key = NewGroupSecret();
+    }
   }
   std::vector<int32_t> ids = g->peers();
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -120,6 +120,10 @@ void Cluster::ReleaseGroup(const std::string& group) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<GroupEntry> g = groups_.Remove(group);
   if (g == nullptr) return;
+  // Members that come late learn why (JoinGroup, ConfirmMember).
+  if (g->state == GroupState::kFailed) {
+    RecordRefusalLocked(group, g->addresses(), g->node_index, g->failure, /*report=*/false);
+  }
   const absl::Time now = absl::Now();
   for (size_t i = 0; i < g->members.size(); ++i) {
     if (static_cast<int32_t>(i) != g->node_index) peers_.Unreference(g->members[i].peer, now);
@@ -133,153 +137,13 @@ void Cluster::FailGroupLocked(GroupEntry& group, const absl::Status& reason) {
   HSAP_LOG(WARNING) << "group '" << group.name << "' failed: " << reason;
 }
 
-absl::Status Cluster::FormGroup(const std::string& group, absl::Time deadline) {
-  std::shared_ptr<GroupEntry> g;
-  {
-    absl::MutexLock lock(&mu_);
-    g = groups_.Find(group);
-    if (g == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "group '", group, "' is not known here (released while its call ran?)"));
-    }
-    FormationWait wait{g.get(), &stopping_, false};
-    if (g->state == GroupState::kFailed) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "group '", group, "' failed (", g->failure.message(),
-          "); form the group again under a new group name"));
-    }
-    while (true) {
-      if (g->state == GroupState::kUp) return absl::OkStatus();
-      // It failed while this rank waited: the cause itself.
-      if (g->state == GroupState::kFailed) return g->failure;
-      if (stopping_) return absl::UnavailableError("hsapd is stopping");
-      if (!g->forming) break;
-      if (!mu_.AwaitWithDeadline(absl::Condition(&FormationChanged, &wait), deadline)) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("group '", group, "' did not form by the call's deadline"));
-      }
-    }
-    g->forming = true;
-  }
-  absl::Status st;
-  if (g->node_index == 0) {
-    absl::MutexLock lock(&mu_);
-    FormationWait wait{g.get(), &stopping_, true};
-    mu_.AwaitWithDeadline(absl::Condition(&FormationChanged, &wait), deadline);
-    if (g->state == GroupState::kUp) {
-      st = absl::OkStatus();
-    } else if (g->state == GroupState::kFailed) {
-      st = g->failure;
-    } else {
-      st = absl::DeadlineExceededError(absl::StrCat(
-          "group '", group, "' did not form by the call's deadline: member node(s) ",
-          absl::StrJoin(g->Missing(), ", "), " never joined its root (this node, ",
-          options_.advertise_address, ")"));
-    }
-  } else {
-    st = JoinRoot(g, deadline);
-  }
-  absl::MutexLock lock(&mu_);
-  g->forming = false;
-  if (!st.ok()) FailGroupLocked(*g, st);
-  return st;
-}
-
-absl::Status Cluster::JoinRoot(const std::shared_ptr<GroupEntry>& g, absl::Time deadline) {
-  v1::JoinGroupRequest request;
-  std::vector<std::string> nodes;
-  std::shared_ptr<v1::Peer::Stub> stub;
-  int32_t root;
-  absl::Duration rpc_timeout, down_after;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const GroupMember& m : g->members) nodes.push_back(m.address);
-    root = g->members[0].peer;
-    const PeerRecord* p = peers_.Find(root);
-    if (p == nullptr || p->stub == nullptr) return absl::InternalError("the root has no stub");
-    stub = p->stub;
-    rpc_timeout = options_.rpc_timeout;
-    down_after = options_.down_after;
-    request.set_address(options_.advertise_address);
-    request.set_version(options_.version);
-  }
-  request.set_group(g->name);
-  for (const std::string& n : nodes) request.add_nodes(n);
-  request.set_node_index(g->node_index);
-  request.set_incarnation(incarnation_);
-  if (worker_ != nullptr) request.set_ucx_worker_address(worker_->Address());
-  const std::string where = absl::StrCat("group '", g->name, "': its root ", nodes[0]);
-  std::string last = "no answer yet";
-  // Since when every JoinGroup failed: a root unreachable for down_after is
-  // down (its liveness is not watched before the group forms).
-  absl::Time failing_since = absl::InfiniteFuture();
-  while (true) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + rpc_timeout)));
-    v1::JoinGroupResponse response;
-    const grpc::Status s = stub->JoinGroup(&context, request, &response);
-    if (s.ok() && response.formed()) {
-      HSAP_RETURN_IF_ERROR(ValidateJoinGroupResponse(response, nodes, UcxCheck()));
-      std::vector<std::pair<int32_t, absl::Status>> restarts;
-      {
-        absl::MutexLock lock(&mu_);
-        for (int i = 0; i < response.members_size(); ++i) {
-          if (i == g->node_index) continue;
-          GroupMember& m = g->members[i];
-          absl::Status restart;
-          HSAP_RETURN_IF_ERROR(LearnPeerLocked(m.peer, response.members(i).incarnation(),
-                                               response.members(i).ucx_worker_address(),
-                                               &restart));
-          if (!restart.ok()) restarts.emplace_back(m.peer, restart);
-          m.incarnation = response.members(i).incarnation();
-          m.ucx_address = response.members(i).ucx_worker_address();
-          m.joined = true;
-        }
-        g->uid = response.group_uid();
-        if (g->state == GroupState::kForming) g->state = GroupState::kUp;
-      }
-      for (const auto& [peer, why] : restarts) RunNodeAbort(peer, why);
-      return absl::OkStatus();
-    }
-    if (!s.ok()) {
-      const grpc::StatusCode code = s.error_code();
-      if (code == grpc::StatusCode::FAILED_PRECONDITION ||
-          code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::UNAUTHENTICATED ||
-          code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-        return absl::Status(static_cast<absl::StatusCode>(code),
-                            absl::StrCat(where, " refused to form it: ", s.error_message()));
-      }
-      last = s.error_message();
-      failing_since = std::min(failing_since, absl::Now());
-      if (absl::Now() - failing_since > down_after) {
-        return absl::UnavailableError(absl::StrCat(where, " is unreachable (for ",
-                                                   absl::FormatDuration(absl::Now() - failing_since),
-                                                   "): ", last));
-      }
-    } else {
-      last = "members still missing there";
-      failing_since = absl::InfiniteFuture();
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      if (g->state == GroupState::kFailed) return g->failure;
-      if (stopping_) return absl::UnavailableError("hsapd is stopping");
-    }
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(where, " has not answered formed by the call's deadline (", last, ")"));
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-}
-
 absl::Status Cluster::LearnPeerLocked(int32_t peer, uint64_t incarnation,
                                       const std::string& ucx_address, absl::Status* restart) {
   PeerRecord* p = peers_.Find(peer);
   if (p == nullptr) return absl::InternalError(absl::StrCat("peer ", peer, " is not known"));
   if (p->pinned) return absl::OkStatus();  // the static protocol keeps it
   if (p->incarnation != 0 && p->incarnation != incarnation) {
-    *restart = absl::AbortedError(absl::StrCat("node ", p->address, " restarted (incarnation ",
+    *restart = absl::AbortedError(absl::StrCat("node ", PeerName(*p), " restarted (incarnation ",
                                                p->incarnation, " -> ", incarnation, ")"));
     groups_.FailWithPeer(peer, p->incarnation, *restart);
   }
@@ -305,68 +169,6 @@ absl::Status Cluster::LearnPeerLocked(int32_t peer, uint64_t incarnation,
   p->state = NodeState::kUp;
   p->last_heard = absl::Now();
   return absl::OkStatus();
-}
-
-grpc::Status Cluster::OnJoinGroup(const v1::JoinGroupRequest& request,
-                                  v1::JoinGroupResponse* response) {
-  const absl::Status valid = ValidateJoinGroupRequest(request, UcxCheck());
-  if (!valid.ok()) return ToGrpc(valid);
-  absl::Status restart;
-  int32_t member_peer = -1;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!started_ || stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not started");
-    std::shared_ptr<GroupEntry> g = groups_.Find(request.group());
-    // The root's own ranks have not arrived yet: the member asks again.
-    if (g == nullptr) return grpc::Status::OK;
-    std::vector<std::string> known;
-    for (const GroupMember& m : g->members) known.push_back(m.address);
-    const std::vector<std::string> asked(request.nodes().begin(), request.nodes().end());
-    if (known != asked) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
-          "group '", g->name, "' has nodes [", absl::StrJoin(known, ", "), "] on its root; node ",
-          request.address(), " names [", absl::StrJoin(asked, ", "), "]")));
-    }
-    if (g->node_index != 0) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
-          "this daemon is node ", g->node_index, " of group '", g->name, "', not its root")));
-    }
-    GroupMember& m = g->members[request.node_index()];
-    if (g->state != GroupState::kFailed && m.joined && m.incarnation != request.incarnation()) {
-      FailGroupLocked(*g, absl::AbortedError(absl::StrCat(
-                              "member ", m.address, " restarted while the group lived")));
-    }
-    if (g->state == GroupState::kFailed) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
-          "group '", g->name, "' failed (", g->failure.message(),
-          "); form the group again under a new group name")));
-    }
-    if (!m.joined) {
-      const absl::Status learned = LearnPeerLocked(m.peer, request.incarnation(),
-                                                   request.ucx_worker_address(), &restart);
-      if (!learned.ok()) return ToGrpc(learned);
-      member_peer = m.peer;
-      m.incarnation = request.incarnation();
-      m.ucx_address = request.ucx_worker_address();
-      m.joined = true;
-    }
-    if (g->state == GroupState::kForming && g->Missing().empty()) g->state = GroupState::kUp;
-    if (g->state == GroupState::kUp) {
-      response->set_formed(true);
-      response->set_group_uid(g->uid);
-      for (size_t i = 0; i < g->members.size(); ++i) {
-        v1::GroupMember* out = response->add_members();
-        out->set_address(g->members[i].address);
-        const bool self = static_cast<int32_t>(i) == g->node_index;
-        out->set_incarnation(self ? incarnation_ : g->members[i].incarnation);
-        const std::string ucx = self ? (worker_ != nullptr ? worker_->Address() : "")
-                                     : g->members[i].ucx_address;
-        out->set_ucx_worker_address(ucx);
-      }
-    }
-  }
-  if (!restart.ok()) RunNodeAbort(member_peer, restart);
-  return grpc::Status::OK;
 }
 
 std::vector<GroupStatus> Cluster::GroupStates() const {
@@ -453,7 +255,7 @@ void Cluster::LivenessTick(grpc::CompletionQueue* cq, absl::flat_hash_set<Heartb
       const absl::Duration age = now - p->last_heard;
       if (age > options_.down_after) {
         downs.emplace_back(p->id, absl::UnavailableError(absl::StrCat(
-                                      "node ", p->address, " is DOWN: no heartbeat for ",
+                                      "node ", PeerName(*p), " is DOWN: no heartbeat for ",
                                       absl::FormatDuration(age))));
         continue;
       }
@@ -498,7 +300,7 @@ void Cluster::OnRuntimeHeartbeat(int32_t peer, uint64_t incarnation, const grpc:
     if (stopping_ || !status.ok() || p->incarnation != incarnation) return;
     if (p->state == NodeState::kDown) return;
     if (answered_incarnation != incarnation) {
-      restart = absl::AbortedError(absl::StrCat("node ", p->address, " restarted (incarnation ",
+      restart = absl::AbortedError(absl::StrCat("node ", PeerName(*p), " restarted (incarnation ",
                                                 incarnation, " -> ", answered_incarnation, ")"));
       groups_.FailWithPeer(peer, incarnation, restart);
       p->state = NodeState::kDown;

@@ -112,6 +112,7 @@ absl::StatusOr<std::string> Cluster::GroupProfile(const std::string& group, bool
     }
     request.set_node_rank(self_);
     request.set_address(options_.advertise_address);
+    if (declared) request.set_group_key(GroupKeyLocked(group));
     down_after = options_.down_after;
   }
   if (root) return RootGroupProfile(group, declared, dtype, head_dim, deadline);
@@ -295,7 +296,8 @@ absl::StatusOr<LinkFigures> Cluster::PeerLink(int32_t peer, absl::Time deadline)
   return link;
 }
 
-grpc::Status Cluster::OnGroupProfile(const v1::GroupProfileRequest& request, absl::Time deadline,
+grpc::Status Cluster::OnGroupProfile(const PeerCaller& caller,
+                                     const v1::GroupProfileRequest& request, absl::Time deadline,
                                      v1::GroupProfileResponse* response) {
   if (request.head_dim() < 1 || request.head_dim() > 4096) {
     return ToGrpc(absl::InvalidArgumentError(
@@ -305,29 +307,35 @@ grpc::Status Cluster::OnGroupProfile(const v1::GroupProfileRequest& request, abs
   if (!dtype.ok()) return ToGrpc(dtype.status());
   absl::StatusOr<int32_t> sender = SenderPeer(request.node_rank(), request.address(),
                                               request.incarnation(), request.group());
-  // A run-time member of a group this node has not formed yet: ask again.
-  if (request.declared() && absl::IsNotFound(sender.status())) return grpc::Status::OK;
-  if (!sender.ok()) return ToGrpc(sender.status());
+  if (!sender.ok() && !absl::IsNotFound(sender.status())) return ToGrpc(sender.status());
+  if (absl::Status who = CheckClaim(caller, ClaimedAddress(request.node_rank(), request.address()),
+                                    "GroupProfile");
+      !who.ok()) {
+    return ToGrpc(who);
+  }
+  const std::string name = SenderName(request.node_rank(), request.address(), request.incarnation());
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "hsapd is stopping");
     if (request.declared()) {
       std::shared_ptr<GroupEntry> g = groups_.Find(request.group());
-      if (g == nullptr) return grpc::Status::OK;  // its ranks have not arrived here yet
+      // Its ranks have not arrived here yet: ask again.
+      if (g == nullptr) return grpc::Status::OK;
       if (g->node_index != 0) {
         return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
             "this daemon is node ", g->node_index, " of group '", g->name, "', not its root")));
-      }
-      if (!g->HasPeer(*sender)) {
-        return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
-            "the sender is not a member of group '", g->name, "'")));
       }
       if (g->state == GroupState::kFailed) {
         return ToGrpc(absl::FailedPreconditionError(
             absl::StrCat("group '", g->name, "' failed (", g->failure.message(), ")")));
       }
-      if (g->state != GroupState::kUp) return grpc::Status::OK;  // still forming
-    } else if (self_ != 0 || num_static_ <= 1 || *sender >= num_static_) {
+      bool not_formed = false;
+      const absl::Status may =
+          CheckCallSenderLocked("GroupProfile", request.group(), sender.ok() ? *sender : -1, name,
+                                request.incarnation(), request.group_key(), &not_formed);
+      if (!may.ok()) return ToGrpc(may);
+      if (not_formed) return grpc::Status::OK;  // still forming
+    } else if (!sender.ok() || self_ != 0 || num_static_ <= 1 || *sender >= num_static_) {
       return ToGrpc(absl::FailedPreconditionError(
           "GroupProfile of an undeclared group goes to node 0 of a static cluster, from one of "
           "its nodes"));

@@ -73,6 +73,7 @@ class ClusterTest : public ::testing::Test {
     o.down_after = absl::Milliseconds(600);
     o.rpc_timeout = absl::Milliseconds(200);
     o.join_timeout = absl::Seconds(10);
+    o.insecure_peers = true;  // loopback
     return o;
   }
 
@@ -245,18 +246,40 @@ TEST_F(ClusterTest, FormsAgreesLosesANodeAndReforms) {
     EXPECT_THAT(std::string(outside.message()),
                 HasSubstr("plan agreement for group 'pair': member 5 is not a peer of this node"));
   }
-  // AbortCall reaches the others' callbacks, and its own.
-  nodes_[0].cluster->AbortCall("g", 4, absl::AbortedError("kernel failed"));
-  EXPECT_TRUE(Eventually([&] { return nodes_[1].call_aborts > 0 && nodes_[2].call_aborts > 0; },
-                         absl::Seconds(2)));
-  EXPECT_GT(nodes_[0].call_aborts, 0);
-  // An abort of a group on nodes {0, 1} does not reach node 2.
+  // AbortCall runs its own callbacks; the others record it (their
+  // agreement for the call ends with it) and run theirs only for a call
+  // they run as a multi-node call, which g/4 is not there (a peer never
+  // ends a one-node call of the same name).
   {
     const int before1 = nodes_[1].call_aborts, before2 = nodes_[2].call_aborts;
-    nodes_[0].cluster->AbortCall("pair", 9, absl::AbortedError("kernel failed"), {0, 1});
-    EXPECT_TRUE(Eventually([&] { return nodes_[1].call_aborts > before1; }, absl::Seconds(2)));
-    absl::SleepFor(absl::Milliseconds(200));
+    nodes_[0].cluster->AbortCall("g", 4, absl::AbortedError("kernel failed"));
+    EXPECT_GT(nodes_[0].call_aborts, 0);
+    for (int i : {1, 2}) {
+      const absl::Status agreed =
+          nodes_[i]
+              .cluster->AgreePlan({"g", 4, false}, "plan-X", 4, absl::Now() + absl::Seconds(5))
+              .status();
+      EXPECT_TRUE(absl::IsAborted(agreed)) << i << ": " << agreed;
+      EXPECT_THAT(std::string(agreed.message()), HasSubstr("kernel failed"));
+    }
+    EXPECT_EQ(nodes_[1].call_aborts, before1);
     EXPECT_EQ(nodes_[2].call_aborts, before2);
+  }
+  // An abort of a group on nodes {0, 1} does not reach node 2.
+  {
+    nodes_[0].cluster->AbortCall("pair", 9, absl::AbortedError("kernel failed"), {0, 1});
+    const absl::Status on1 =
+        nodes_[1]
+            .cluster->AgreePlan({"pair", 9, false}, "plan-P", 4, absl::Now() + absl::Seconds(5),
+                                {0, 1})
+            .status();
+    EXPECT_TRUE(absl::IsAborted(on1)) << on1;
+    const absl::Status on2 =
+        nodes_[2]
+            .cluster->AgreePlan({"pair", 9, false}, "plan-P", 4,
+                                absl::Now() + absl::Milliseconds(300), {0, 2})
+            .status();
+    EXPECT_TRUE(absl::IsDeadlineExceeded(on2)) << on2;
   }
 
   // Per-call peer requests with bad fields are refused, naming the field.

@@ -71,6 +71,7 @@ class GroupFormationTest : public ::testing::Test {
       o.down_after = absl::Milliseconds(400);
       o.rpc_timeout = absl::Milliseconds(200);
       o.peer_linger = absl::Milliseconds(100);
+      o.insecure_peers = true;  // loopback
       ASSERT_TRUE(n.cluster->Start(o, n.worker.get()).ok());
       EXPECT_TRUE(n.cluster->formed());  // nothing static to wait for
       EXPECT_EQ(n.cluster->node_rank(), 0);
@@ -220,8 +221,10 @@ TEST_F(GroupFormationTest, ARootWhoseMemberNeverComesFailsAtTheDeadline) {
   const absl::Status st = nodes_[0].cluster->FormGroup("lonely", start + absl::Milliseconds(300));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   ASSERT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  // Named with what the root last learned of it (its ConfirmMember answer).
   EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("member node(s) 1 (", nodes_[1].address,
-                                                   ") never joined its root")));
+                                                   "; last: its ranks have not declared the "
+                                                   "group there) never joined its root")));
   // The node named is referenced but never dialled for liveness (no
   // incarnation known), and the group is FAILED.
   EXPECT_EQ(nodes_[0].cluster->GroupStates()[0].state, GroupState::kFailed);
@@ -309,15 +312,20 @@ TEST_F(GroupFormationTest, GroupProfileRequestsAreValidated) {
   r.set_dtype(v1::DTYPE_FLOAT32);
   r.set_address(nodes_[2].address);
   s = ask(r, &out);
-  EXPECT_TRUE(s.ok());
-  EXPECT_FALSE(out.ready());  // not a peer of node 0: "not yet", and nothing probed
-  // The member itself gets the root's profile.
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("is not a member of the group"));
+  EXPECT_FALSE(out.ready());  // and nothing probed
+  // A member's address and incarnation without the group's key: refused.
   r.set_address(nodes_[1].address);
   r.set_incarnation(nodes_[1].cluster->incarnation());
   s = ask(r, &out);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  ASSERT_TRUE(out.ready());
-  EXPECT_EQ(plan::ParseHardwareProfile(out.profile())->attention_flops, 1e9);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("does not carry the group's key"));
+  // The member itself (which holds the key) gets the root's profile.
+  auto got = nodes_[1].cluster->GroupProfile("V", true, DType::kFloat32, 64,
+                                             absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(plan::ParseHardwareProfile(*got)->attention_flops, 1e9);
   // An undeclared group goes to node 0 of a static cluster; there is none.
   r.set_declared(false);
   s = ask(r, &out);

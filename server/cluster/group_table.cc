@@ -29,11 +29,35 @@ bool GroupEntry::HasPeer(int32_t peer) const {
   return false;
 }
 
+const GroupMember* GroupEntry::MemberOfPeer(int32_t peer) const {
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (static_cast<int32_t>(i) != node_index && members[i].peer == peer) return &members[i];
+  }
+  return nullptr;
+}
+
+int32_t GroupEntry::IndexOf(const std::string& address) const {
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].address == address) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
+std::vector<std::string> GroupEntry::addresses() const {
+  std::vector<std::string> out;
+  for (const GroupMember& m : members) out.push_back(m.address);
+  return out;
+}
+
 std::vector<std::string> GroupEntry::Missing() const {
   std::vector<std::string> out;
   for (size_t i = 0; i < members.size(); ++i) {
     if (static_cast<int32_t>(i) != node_index && !members[i].joined) {
-      out.push_back(absl::StrCat(i, " (", members[i].address, ")"));
+      out.push_back(absl::StrCat(i, " (", members[i].address,
+                                 members[i].last_error.empty()
+                                     ? ""
+                                     : absl::StrCat("; last: ", members[i].last_error),
+                                 ")"));
     }
   }
   return out;

@@ -37,6 +37,12 @@ struct GroupMember {
   uint64_t incarnation = 0;  // known once it joined (or formed)
   std::string ucx_address;
   bool joined = false;
+  // The root's side of the member's confirmation (Peer.ConfirmMember): the
+  // nonce delivered to the member's address (drawn once per slot), a call
+  // back in flight, and why the last one failed (for the timeout's message).
+  std::string nonce;
+  bool confirming = false;
+  std::string last_error;
 };
 
 struct GroupEntry {
@@ -44,6 +50,13 @@ struct GroupEntry {
   std::vector<GroupMember> members;  // group node order
   int32_t node_index = 0;            // this node's place
   uint64_t uid = 0;                  // assigned by the root
+  // 16 random bytes drawn by the root, handed to the members that proved
+  // their address (JoinGroupResponse.group_key); the members' per-call
+  // requests carry it. Empty for a group of static peers only.
+  std::string key;
+  // A member's side: the nonce the root's ConfirmMember delivered, sent
+  // back in the next JoinGroup.
+  std::string join_nonce;
   GroupState state = GroupState::kForming;
   absl::Status failure;  // why, when FAILED
   bool forming = false;  // a local rank thread drives the formation
@@ -56,6 +69,11 @@ struct GroupEntry {
 
   std::vector<int32_t> peers() const;
   bool HasPeer(int32_t peer) const;
+  // The member (not this node) with peer id `peer`, or null.
+  const GroupMember* MemberOfPeer(int32_t peer) const;
+  // The place of `address` among the members, or -1.
+  int32_t IndexOf(const std::string& address) const;
+  std::vector<std::string> addresses() const;
   // Members other than this node that have not joined (addresses).
   std::vector<std::string> Missing() const;
 };

@@ -224,12 +224,17 @@ TEST(JoinGroupValidationTest, TheRootsAnswerMustMatchTheMembers) {
   v1::JoinGroupResponse r;
   r.set_formed(true);
   r.set_group_uid(9);
+  r.set_group_key(std::string(16, 'k'));
   for (const auto& n : nodes) {
     auto* m = r.add_members();
     m->set_address(n);
     m->set_incarnation(5);
   }
   ASSERT_TRUE(ValidateJoinGroupResponse(r, nodes, nullptr).ok());
+  v1::JoinGroupResponse keyless = r;
+  keyless.clear_group_key();
+  EXPECT_THAT(ValidateJoinGroupResponse(keyless, nodes, nullptr).message(),
+              HasSubstr("group_key has 0 bytes; a group's key has 16"));
   v1::JoinGroupResponse swapped = r;
   swapped.mutable_members(0)->set_address("10.0.0.9:7000");
   EXPECT_THAT(ValidateJoinGroupResponse(swapped, nodes, nullptr).message(),

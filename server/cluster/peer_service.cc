@@ -4,49 +4,77 @@
 #include "server/cluster/cluster.h"
 
 namespace hsap::cluster {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+}  // namespace
+
+// Every handler authorizes its caller first (Cluster::AuthorizePeerCall);
+// the Cluster then checks what the request claims against who sent it.
+#define HSAP_AUTHORIZE_PEER(caller)                                        \
+  absl::StatusOr<PeerCaller> caller = cluster_->AuthorizePeerCall(*context); \
+  if (!caller.ok()) return ToGrpc(caller.status())
 
 grpc::Status PeerServiceImpl::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
                                    v1::JoinResponse* response) {
-  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
-  return cluster_->OnJoin(*request, response);
+  HSAP_AUTHORIZE_PEER(caller);
+  return cluster_->OnJoin(*caller, *request, response);
 }
 
-grpc::Status PeerServiceImpl::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+grpc::Status PeerServiceImpl::Heartbeat(grpc::ServerContext* context,
+                                        const v1::HeartbeatRequest* request,
                                         v1::HeartbeatResponse* response) {
-  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
-  return cluster_->OnHeartbeat(*request, response);
+  HSAP_AUTHORIZE_PEER(caller);
+  return cluster_->OnHeartbeat(*caller, *request, response);
 }
 
-grpc::Status PeerServiceImpl::AgreePlan(grpc::ServerContext* context, const v1::AgreePlanRequest* request,
+grpc::Status PeerServiceImpl::AgreePlan(grpc::ServerContext* context,
+                                        const v1::AgreePlanRequest* request,
                                         v1::AgreePlanResponse* response) {
-  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
-  return cluster_->OnAgreePlan(*request, response);
+  HSAP_AUTHORIZE_PEER(caller);
+  return cluster_->OnAgreePlan(*caller, *request, response);
 }
 
-grpc::Status PeerServiceImpl::AbortCall(grpc::ServerContext* context, const v1::AbortCallRequest* request,
+grpc::Status PeerServiceImpl::AbortCall(grpc::ServerContext* context,
+                                        const v1::AbortCallRequest* request,
                                         v1::AbortCallResponse*) {
-  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
-  return cluster_->OnAbortCall(*request);
+  HSAP_AUTHORIZE_PEER(caller);
+  return cluster_->OnAbortCall(*caller, *request);
 }
 
 grpc::Status PeerServiceImpl::JoinGroup(grpc::ServerContext* context,
                                         const v1::JoinGroupRequest* request,
                                         v1::JoinGroupResponse* response) {
-  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
-  return cluster_->OnJoinGroup(*request, response);
+  HSAP_AUTHORIZE_PEER(caller);
+  return cluster_->OnJoinGroup(*caller, *request, response);
+}
+
+grpc::Status PeerServiceImpl::ConfirmMember(grpc::ServerContext* context,
+                                            const v1::ConfirmMemberRequest* request,
+                                            v1::ConfirmMemberResponse* response) {
+  HSAP_AUTHORIZE_PEER(caller);
+  return cluster_->OnConfirmMember(*caller, *request, response);
 }
 
 grpc::Status PeerServiceImpl::ProbeLink(grpc::ServerContext* context, const v1::ProbeLinkRequest*,
                                         v1::ProbeLinkResponse*) {
-  // The payload is only timed (by the sender); gRPC's message limit bounds it.
-  return cluster_->CheckPeerToken(*context);
+  // The payload is only timed (by the sender); the TCP listener's message
+  // limit (4 MiB) and memory quota bound it.
+  HSAP_AUTHORIZE_PEER(caller);
+  return grpc::Status::OK;
 }
 
 grpc::Status PeerServiceImpl::GroupProfile(grpc::ServerContext* context,
                                            const v1::GroupProfileRequest* request,
                                            v1::GroupProfileResponse* response) {
-  if (grpc::Status auth = cluster_->CheckPeerToken(*context); !auth.ok()) return auth;
-  return cluster_->OnGroupProfile(*request, absl::FromChrono(context->deadline()), response);
+  HSAP_AUTHORIZE_PEER(caller);
+  return cluster_->OnGroupProfile(*caller, *request, absl::FromChrono(context->deadline()),
+                                  response);
 }
+
+#undef HSAP_AUTHORIZE_PEER
 
 }  // namespace hsap::cluster

@@ -24,6 +24,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
                          v1::AbortCallResponse* response) override;
   grpc::Status JoinGroup(grpc::ServerContext*, const v1::JoinGroupRequest* request,
                          v1::JoinGroupResponse* response) override;
+  grpc::Status ConfirmMember(grpc::ServerContext*, const v1::ConfirmMemberRequest* request,
+                             v1::ConfirmMemberResponse* response) override;
   grpc::Status ProbeLink(grpc::ServerContext*, const v1::ProbeLinkRequest* request,
                          v1::ProbeLinkResponse* response) override;
   grpc::Status GroupProfile(grpc::ServerContext*, const v1::GroupProfileRequest* request,

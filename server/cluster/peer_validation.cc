@@ -41,6 +41,10 @@ absl::Status CheckUcx(absl::string_view address, const UcxAddressCheck& ucx) {
 
 }  // namespace
 
+absl::Status ValidatePeerUcxAddress(absl::string_view address, const UcxAddressCheck& ucx) {
+  return CheckUcx(address, ucx);
+}
+
 absl::Status ValidateJoinRequest(const v1::JoinRequest& r, const ClusterShape& shape,
                                  const UcxAddressCheck& ucx) {
   if (r.num_nodes() < 1 || r.num_nodes() > kMaxPeerNodes) {
@@ -168,6 +172,18 @@ absl::Status ValidateJoinGroupRequest(const v1::JoinGroupRequest& r, const UcxAd
     return Invalid("version", absl::StrCat("must be 0 to ", kMaxPeerVersionBytes,
                                            " printable ASCII characters"));
   }
+  if (r.nonce().size() > kMaxPeerNonceBytes) {
+    return Invalid("nonce", absl::StrCat("has ", r.nonce().size(), " bytes; at most ",
+                                         kMaxPeerNonceBytes));
+  }
+  if (r.refused_code() < 0 || r.refused_code() > 16) {
+    return Invalid("refused_code", absl::StrCat("is ", r.refused_code(),
+                                                "; a gRPC status code is 0 to 16"));
+  }
+  if (r.refused_message().size() > kMaxPeerMessageBytes) {
+    return Invalid("refused_message", absl::StrCat("has ", r.refused_message().size(),
+                                                   " bytes; at most ", kMaxPeerMessageBytes));
+  }
   return CheckUcx(r.ucx_worker_address(), ucx);
 }
 
@@ -189,6 +205,10 @@ absl::Status ValidateJoinGroupResponse(const v1::JoinGroupResponse& r,
     HSAP_RETURN_IF_ERROR(CheckUcx(m.ucx_worker_address(), ucx));
   }
   if (r.group_uid() == 0) return Invalid("group_uid", "is 0");
+  if (r.group_key().size() != kGroupKeyBytes) {
+    return Invalid("group_key", absl::StrCat("has ", r.group_key().size(), " bytes; a group's key has ",
+                                             kGroupKeyBytes));
+  }
   return absl::OkStatus();
 }
 

@@ -26,6 +26,8 @@ inline constexpr size_t kMaxPeerGroupBytes = 128;     // call.group's bound
 inline constexpr size_t kMaxPeerPlanKeyBytes = 256;
 inline constexpr size_t kMaxPeerMessageBytes = 4096;
 inline constexpr uint32_t kMaxPeerCommIds = 1024;  // == transport::ucx_tag::kMaxComms
+inline constexpr size_t kMaxPeerNonceBytes = 64;
+inline constexpr size_t kGroupKeyBytes = 16;
 
 // This node's view of the cluster.
 struct ClusterShape {
@@ -37,6 +39,9 @@ struct ClusterShape {
 // Checks UCX worker address bytes (UcxWorker::ValidatePeerAddress); null
 // when this node has no UCX data plane (the address is then only bounded).
 using UcxAddressCheck = std::function<absl::Status(absl::string_view address)>;
+
+// A UCX worker address a peer sent (bounded; checked by `ucx` when set).
+absl::Status ValidatePeerUcxAddress(absl::string_view address, const UcxAddressCheck& ucx);
 
 // A Join from another node.
 absl::Status ValidateJoinRequest(const v1::JoinRequest& request, const ClusterShape& shape,
@@ -60,11 +65,13 @@ absl::Status ValidateMemberNodes(absl::string_view group, const std::vector<int3
 // A JoinGroup from a member (every field, the UCX address included):
 // group named and bounded, 2 to kMaxGroupNodes valid distinct nodes,
 // node_index in [1, nodes), address == nodes[node_index], a non-zero
-// incarnation, bounded version.
+// incarnation, bounded version, nonce and refusal (a status code and a
+// message of at most kMaxPeerMessageBytes).
 absl::Status ValidateJoinGroupRequest(const v1::JoinGroupRequest& request,
                                       const UcxAddressCheck& ucx);
 // The root's formed answer to a JoinGroup for `nodes` (members in the same
-// order, each with a non-zero incarnation and a valid UCX address).
+// order, each with a non-zero incarnation and a valid UCX address; a
+// kGroupKeyBytes key).
 absl::Status ValidateJoinGroupResponse(const v1::JoinGroupResponse& response,
                                        const std::vector<std::string>& nodes,
                                        const UcxAddressCheck& ucx);

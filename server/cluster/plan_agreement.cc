@@ -61,4 +61,13 @@ std::string PlanAgreement::OnRemote(const CallKey& call, int32_t node, const std
   return entry.local;
 }
 
+bool PlanAgreement::HasLocal(const std::string& group, uint64_t call_seq) {
+  absl::MutexLock lock(&mu_);
+  for (bool backward : {false, true}) {
+    auto it = calls_.find(CallKey{group, call_seq, backward});
+    if (it != calls_.end() && !it->second.local.empty() && !it->second.ended) return true;
+  }
+  return false;
+}
+
 }  // namespace hsap::cluster

@@ -58,6 +58,11 @@ class PlanAgreement {
   std::string OnRemote(const CallKey& call, int32_t node, const std::string& key,
                        uint32_t recv_comm = 0, uint32_t* local_comm = nullptr);
 
+  // True while this node's ranks run group/call_seq as a multi-node call
+  // (SetLocal ran for a direction, EndLocal not yet): what a peer's abort
+  // may end. A one-node call never states a key, so no peer aborts it.
+  bool HasLocal(const std::string& group, uint64_t call_seq);
+
  private:
   struct Statement {
     std::string key;

@@ -393,7 +393,7 @@ TEST(BadInputsTest, EveryMalformedInputGetsItsCodeAndTheDaemonStaysHealthy) {
   e.port = testing::FreePort();
   auto d = testing::DaemonProcess::Start(
       testing::Runfile("server/hsapd"),
-      {"--devices=cpu:2", "--cpu_threads=1", absl::StrCat("--port=", e.port)});
+      {"--devices=cpu:2", "--cpu_threads=1", absl::StrCat("--port=", e.port), "--insecure_peers"});
   ASSERT_TRUE(d.ok()) << d.status();
   e.daemon = std::move(d).value();
   ASSERT_EQ(Health(e.daemon->socket()), grpc::health::v1::HealthCheckResponse::SERVING);

@@ -137,6 +137,7 @@ absl::StatusOr<GroupResult> RunGroup(const GlobalProblem& p, const GroupSpec& sp
       rs[r].fwd_start = absl::Now();
       auto f = rs[r].client->Forward(fwd_request);
       rs[r].fwd_end = absl::Now();
+      rs[r].bwd_end = rs[r].fwd_end;
       if (!f.ok()) return f.status();
       rs[r].fwd = *f;
       id.set_call_seq(spec.first_call_seq + 1);
@@ -150,6 +151,12 @@ absl::StatusOr<GroupResult> RunGroup(const GlobalProblem& p, const GroupSpec& sp
     }));
   }
   absl::Status first_error;
+  if (spec.durations != nullptr) {
+    for (auto& c : calls) c.wait();
+    for (int32_t r = 0; r < ranks; ++r) {
+      if (r != spec.missing_rank) spec.durations->push_back(rs[r].bwd_end - rs[r].fwd_start);
+    }
+  }
   for (auto& c : calls) {
     absl::Status st = c.get();
     if (spec.statuses != nullptr) spec.statuses->push_back(st);

@@ -72,6 +72,9 @@ struct GroupSpec {
   int32_t missing_rank = -1;
   // When set, receives every calling rank's status (in rank order).
   std::vector<absl::Status>* statuses = nullptr;
+  // When set, receives every calling rank's time from its forward request
+  // to its last reply (the failing one, if it failed), in rank order.
+  std::vector<absl::Duration>* durations = nullptr;
   // When set, called once every rank's calls succeeded, before the ranks'
   // sessions close (so the group is still live in the daemons).
   std::function<void()> while_open;

@@ -345,11 +345,11 @@ TEST(JobGroupsTest, NodesThatDeclareDifferentMembersNeverRun) {
   const absl::Duration took = absl::Now() - start;
   ASSERT_FALSE(r.ok());
   ASSERT_EQ(statuses.size(), 2u);
-  // Node 2 joins the root, node 0, which holds another member list: both
-  // lists are named.
+  // Node 2 joins the root, node 0, which holds another member list without
+  // node 2: a non-member is refused (PERMISSION_DENIED), both lists named.
   const std::string list0 = absl::StrCat("[", c.address(0), ", ", c.address(1), "]");
   const std::string list2 = absl::StrCat("[", c.address(0), ", ", c.address(2), "]");
-  EXPECT_TRUE(absl::IsFailedPrecondition(statuses[1])) << statuses[1];
+  EXPECT_TRUE(absl::IsPermissionDenied(statuses[1])) << statuses[1];
   EXPECT_NE(statuses[1].message().find("refused to form it"), std::string::npos) << statuses[1];
   EXPECT_NE(statuses[1].message().find(list0), std::string::npos) << statuses[1];
   EXPECT_NE(statuses[1].message().find(list2), std::string::npos) << statuses[1];

@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpcpp/create_channel.h"
@@ -76,6 +78,11 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> LocalCluster::StartNode(int i) {
   if (i < static_cast<int>(node_flags_.size())) {
     flags.insert(flags.end(), node_flags_[i].begin(), node_flags_[i].end());
   }
+  // Loopback: peers need no authentication unless the test gives some.
+  const bool authenticated = std::any_of(flags.begin(), flags.end(), [](const std::string& f) {
+    return f.rfind("--token_file", 0) == 0 || f.rfind("--tls_", 0) == 0;
+  });
+  if (!authenticated) flags.push_back("--insecure_peers");
   flags.push_back(absl::StrCat("--devices=cpu:", devices_));
   flags.push_back(absl::StrCat("--port=", ports_[i]));
   if (static_peers_) {

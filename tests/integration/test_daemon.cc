@@ -1,7 +1,9 @@
 #include "tests/integration/test_daemon.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -72,7 +74,23 @@ bool CanConnect(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::string& binary,
                                                                     std::vector<std::string> flags) {
+  return Start(binary, std::move(flags), "", 0);
+}
+
+std::string DaemonProcess::ReadLog() const {
+  if (log_file_.empty()) return "";
+  std::ifstream in(log_file_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::string& binary,
+                                                                    std::vector<std::string> flags,
+                                                                    const std::string& log_file,
+                                                                    int rlimit_nofile) {
   std::unique_ptr<DaemonProcess> p(new DaemonProcess());
+  p->log_file_ = log_file;
   p->socket_ = p->dir_.path() + "/hsapd.sock";
   flags.insert(flags.begin(), "--socket=" + p->socket_);
   flags.insert(flags.begin(), binary);
@@ -83,6 +101,18 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::s
   if (p->pid_ < 0) return absl::InternalError("fork failed");
   if (p->pid_ == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test, even if it dies
+    if (!log_file.empty()) {
+      const int fd = open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+      }
+    }
+    if (rlimit_nofile > 0) {
+      struct rlimit limit = {static_cast<rlim_t>(rlimit_nofile),
+                             static_cast<rlim_t>(rlimit_nofile)};
+      setrlimit(RLIMIT_NOFILE, &limit);
+    }
     execv(binary.c_str(), argv.data());
     _exit(127);
   }

@@ -42,6 +42,15 @@ class DaemonProcess {
   // (up to 20 s) until the session socket accepts connections.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(const std::string& binary,
                                                               std::vector<std::string> flags);
+  // The same with the daemon's stdout and stderr appended to `log_file`
+  // (read it with ReadLog), and `rlimit_nofile` (> 0) as its RLIMIT_NOFILE,
+  // soft and hard, set in the child before exec.
+  static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(const std::string& binary,
+                                                              std::vector<std::string> flags,
+                                                              const std::string& log_file,
+                                                              int rlimit_nofile = 0);
+  // What the daemon logged so far (empty without a log file).
+  std::string ReadLog() const;
   ~DaemonProcess();
 
   pid_t pid() const { return pid_; }
@@ -56,6 +65,7 @@ class DaemonProcess {
   TempDir dir_;
   pid_t pid_ = -1;
   std::string socket_;
+  std::string log_file_;
 };
 
 // Path of a runfile such as "server/hsapd" under Bazel, or next to the repo.

@@ -147,7 +147,8 @@ class ContextParallelAttentionTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         ports = [free_port(), free_port()]
-        flags = ["--cpu_threads=1", "--ucx_transports=tcp", "--heartbeat_ms=100",
+        flags = ["--cpu_threads=1", "--ucx_transports=tcp", "--insecure_peers",
+                 "--heartbeat_ms=100",
                  "--call_deadline_ms=30000", "--host=127.0.0.1"]
         cls.daemons = []
         try:

@@ -149,7 +149,8 @@ class ProcessGroupTest(unittest.TestCase):
     def setUpClass(cls):
         ports = [free_port(), free_port()]
         cls.addresses = [f"127.0.0.1:{p}" for p in ports]
-        flags = ["--cpu_threads=1", "--ucx_transports=tcp", "--heartbeat_ms=100",
+        flags = ["--cpu_threads=1", "--ucx_transports=tcp", "--insecure_peers",
+                 "--heartbeat_ms=100",
                  "--call_deadline_ms=30000", f"--peers={','.join(cls.addresses)}"]
         cls.daemons = []
         try:

@@ -274,14 +274,15 @@ class ShardingTest(unittest.TestCase):
     def setUpClass(cls):
         ports = [free_port(), free_port(), free_port()]
         addresses = [f"127.0.0.1:{p}" for p in ports[:2]]
-        flags = ["--cpu_threads=1", "--ucx_transports=tcp", "--heartbeat_ms=100",
+        flags = ["--cpu_threads=1", "--ucx_transports=tcp", "--insecure_peers",
+                 "--heartbeat_ms=100",
                  "--call_deadline_ms=30000", f"--peers={','.join(addresses)}"]
         cls.daemons = []
         try:
             for i, port in enumerate(ports[:2]):
                 cls.daemons.append(LocalDaemon(devices="cpu:2", flags=flags + [
                     f"--port={port}", f"--node_rank={i}"]))
-            cls.daemons.append(LocalDaemon(devices="cpu:3", flags=flags[:4] + [
+            cls.daemons.append(LocalDaemon(devices="cpu:3", flags=flags[:5] + [
                 "--host=127.0.0.1", f"--port={ports[2]}"]))
             cls.wait_formed()
             cls.results = cls.run_workers()
