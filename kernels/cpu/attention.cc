@@ -135,39 +135,89 @@ std::vector<Batch> MakeBatches(std::vector<Task>* tasks, std::vector<Segment>* s
     batches.back().segment_end = static_cast<int64_t>(g) + 1;
   }
   for (const Batch& b : batches) {
+    // Largest first; among equals, tiles of the same query block (forward) or
+    // key block (backward) next to each other, so that its rows are still in
+    // cache when the next one needs them.
     std::stable_sort(tasks->begin() + b.task_begin, tasks->begin() + b.task_end,
-                     [](const Task& x, const Task& y) { return x.cost > y.cost; });
+                     [](const Task& x, const Task& y) {
+                       if (x.cost != y.cost) return x.cost > y.cost;
+                       return x.block_begin < y.block_begin;
+                     });
   }
   return batches;
 }
 
-// Runs tasks [begin, end) in waves of at most `wave` tasks and kWavePairs
-// pairs: compute(index, slot) for a wave's tasks in parallel (slot in
-// [0, wave) names the task's private buffers), then merge(index, slot) for
-// each of them in index order. Before each wave `stop` (may be null) is
-// asked whether to go on; returns false when it said stop.
-bool RunInWaves(ThreadPool* pool, const std::vector<Task>& tasks, size_t begin, size_t end,
-                int64_t wave, const std::function<void(int64_t, int64_t)>& compute,
-                const std::function<void(int64_t, int64_t)>& merge, const StopFn* stop) {
-  const int64_t n = static_cast<int64_t>(end);
-  for (int64_t first = static_cast<int64_t>(begin); first < n;) {
-    if (stop != nullptr && *stop && (*stop)()) return false;
-    int64_t count = 1, pairs = tasks[first].cost;
-    while (count < wave && first + count < n && pairs + tasks[first + count].cost <= kWavePairs) {
-      pairs += tasks[first + count].cost;
-      ++count;
-    }
-    RunParallel(pool, count, [&](int64_t slot) { compute(first + slot, slot); });
-    for (int64_t slot = 0; slot < count; ++slot) merge(first + slot, slot);
-    first += count;
+// Runs tasks in waves of at most `wave` tasks and kWavePairs pairs:
+// compute(index, slot) for a wave's tasks in parallel (slot in [0, 2 wave)
+// names the task's private buffers), then merge(index, slot) for each of
+// them in index order. A wave's merge runs as one more job of the next
+// parallel step (the next wave's tiles, or the packing of the next batch),
+// so no thread waits for it; merges still happen one wave after another,
+// each in index order, on any pool.
+class WaveRunner {
+ public:
+  using Fn = std::function<void(int64_t, int64_t)>;
+  WaveRunner(ThreadPool* pool, const std::vector<Task>& tasks, int64_t wave, Fn compute,
+             Fn merge)
+      : pool_(pool), tasks_(tasks), wave_(wave), compute_(std::move(compute)),
+        merge_(std::move(merge)) {}
+
+  // job(i) for i < n in parallel, beside the pending merge (which it completes).
+  void Parallel(int64_t n, const std::function<void(int64_t)>& job) {
+    const int64_t extra = pending_count_ > 0 ? 1 : 0;
+    RunParallel(pool_, n + extra, [&](int64_t i) {
+      if (i < extra) {
+        for (int64_t s = 0; s < pending_count_; ++s) merge_(pending_first_ + s, pending_slot_ + s);
+      } else {
+        job(i - extra);
+      }
+    });
+    pending_count_ = 0;
   }
-  return true;
-}
+
+  // Runs tasks [begin, end); the last wave's merge stays pending. Before
+  // each wave `stop` (may be null) is asked whether to go on; returns false
+  // (everything computed merged) when it said stop.
+  bool Run(size_t begin, size_t end, const StopFn* stop) {
+    const int64_t n = static_cast<int64_t>(end);
+    for (int64_t first = static_cast<int64_t>(begin); first < n;) {
+      if (stop != nullptr && *stop && (*stop)()) {
+        Finish();
+        return false;
+      }
+      int64_t count = 1, pairs = tasks_[first].cost;
+      while (count < wave_ && first + count < n &&
+             pairs + tasks_[first + count].cost <= kWavePairs) {
+        pairs += tasks_[first + count].cost;
+        ++count;
+      }
+      const int64_t slot = parity_ * wave_;
+      parity_ ^= 1;
+      Parallel(count, [&](int64_t i) { compute_(first + i, slot + i); });
+      pending_first_ = first;
+      pending_count_ = count;
+      pending_slot_ = slot;
+      first += count;
+    }
+    return true;
+  }
+
+  // Completes the pending merge.
+  void Finish() { Parallel(0, [](int64_t) {}); }
+
+ private:
+  ThreadPool* pool_;
+  const std::vector<Task>& tasks_;
+  const int64_t wave_;
+  const Fn compute_, merge_;
+  int64_t parity_ = 0;
+  int64_t pending_first_ = 0, pending_count_ = 0, pending_slot_ = 0;
+};
 
 // Packs the segments of one batch: fn(segment, first_row, rows) for pieces
 // of at most 256 rows of every used segment in [seg_begin, seg_end), in
-// parallel.
-void PackBatch(ThreadPool* pool, const std::vector<Segment>& segments, int64_t seg_begin,
+// parallel (beside the runner's pending merge).
+void PackBatch(WaveRunner* runner, const std::vector<Segment>& segments, int64_t seg_begin,
                int64_t seg_end, const std::function<void(const Segment&, int64_t, int64_t)>& fn) {
   constexpr int64_t kPiece = 256;
   struct Piece {
@@ -181,7 +231,7 @@ void PackBatch(ThreadPool* pool, const std::vector<Segment>& segments, int64_t s
       pieces.push_back({g, r, std::min(kPiece, seg.end - r)});
     }
   }
-  RunParallel(pool, static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+  runner->Parallel(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
     fn(segments[pieces[i].segment], pieces[i].first, pieces[i].rows);
   });
 }
@@ -366,9 +416,10 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
   std::vector<float> packed(static_cast<size_t>(packed_floats));
 
   const int64_t wave = std::min<int64_t>(kForwardWave, std::max<size_t>(tasks.size(), 1));
-  std::vector<float> o(static_cast<size_t>(wave) * kBlockQ * D), lse(wave * kBlockQ);
-  std::vector<char> saw(wave, 0);
-  std::vector<int> rows(wave, 0);
+  // Two sets of slots: one wave computes while the previous one merges.
+  std::vector<float> o(static_cast<size_t>(2 * wave) * kBlockQ * D), lse(2 * wave * kBlockQ);
+  std::vector<char> saw(2 * wave, 0);
+  std::vector<int> rows(2 * wave, 0);
   auto compute = [&](int64_t index, int64_t slot) {
     const Task& task = tasks[index];
     const FwdWorkItem& it = items[task.item];
@@ -428,12 +479,12 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
     internal::PackRows(At(it.v, src, shape.dtype), shape.dtype, kv_stride, n, D, 1.f,
                        k + (len + first - seg.begin) * D, D);
   };
+  WaveRunner runner(pool, tasks, wave, compute, merge);
   for (const Batch& b : batches) {
-    PackBatch(pool, segments, b.segment_begin, b.segment_end, pack);
-    if (!RunInWaves(pool, tasks, b.task_begin, b.task_end, wave, compute, merge, stop)) {
-      return false;
-    }
+    PackBatch(&runner, segments, b.segment_begin, b.segment_end, pack);
+    if (!runner.Run(b.task_begin, b.task_end, stop)) return false;
   }
+  runner.Finish();
   return true;
 }
 
@@ -507,9 +558,11 @@ bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
   const int64_t wave = std::min<int64_t>(kBackwardWave, std::max<size_t>(tasks.size(), 1));
   const size_t kv_floats = static_cast<size_t>(kBwdBlockK) * Dp;
   const size_t dq_floats = static_cast<size_t>(group) * kBwdChunkRows * Dp;
-  std::vector<float> dk(wave * kv_floats), dv(wave * kv_floats), dq(wave * dq_floats);
-  std::vector<char> saw(wave, 0);
-  std::vector<int> keys(wave, 0);
+  // Two sets of slots: one wave computes while the previous one merges.
+  std::vector<float> dk(2 * wave * kv_floats), dv(2 * wave * kv_floats),
+      dq(2 * wave * dq_floats);
+  std::vector<char> saw(2 * wave, 0);
+  std::vector<int> keys(2 * wave, 0);
   auto compute = [&](int64_t index, int64_t slot) {
     const Task& task = tasks[index];
     const BwdWorkItem& it = items[task.item];
@@ -625,12 +678,12 @@ bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
                          base + (group + j) * len * Dp, Dp);
     }
   };
+  WaveRunner runner(pool, tasks, wave, compute, merge);
   for (const Batch& b : batches) {
-    PackBatch(pool, segments, b.segment_begin, b.segment_end, pack);
-    if (!RunInWaves(pool, tasks, b.task_begin, b.task_end, wave, compute, merge, stop)) {
-      return false;
-    }
+    PackBatch(&runner, segments, b.segment_begin, b.segment_end, pack);
+    if (!runner.Run(b.task_begin, b.task_end, stop)) return false;
   }
+  runner.Finish();
   return true;
 }
 

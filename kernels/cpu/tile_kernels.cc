@@ -156,6 +156,103 @@ HWY_INLINE void Gemm(int64_t M, int64_t ncols, int64_t K, const float* a, int64_
   }
 }
 
+// The forward's score product with its softmax bookkeeping fused into the
+// register tile's epilogue: S^T[r, 0:2N] = sum_k K[r * ars + k] Qt[k * bks + 0:2N]
+// for key rows r < R of a tile starting at block row `row0`; when `lof` is
+// not null, entries whose key j = row0 + r is outside a column's
+// [lof, hif) become -inf (the mask, on blocks not interior to every row);
+// then stored, and the column max over the R rows merged into
+// colmax[0:2N]. Saves the separate mask and max passes over S^T.
+template <int R, int KC>
+HWY_INLINE void ScoreTile(const float* HWY_RESTRICT a, int64_t ars, const float* HWY_RESTRICT b,
+                          int64_t bks, int64_t K, float* HWY_RESTRICT c, int64_t crs, int row0,
+                          const float* lof, const float* hif, float* colmax) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF c0[R], c1[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) c0[r] = c1[r] = hn::Zero(d);
+  const int64_t steps = KC > 0 ? KC : K;
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < steps; ++k) {
+    const VF b0 = hn::LoadU(d, b), b1 = hn::LoadU(d, b + N);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const VF ar = hn::Set(d, a[r * ars]);
+      c0[r] = hn::MulAdd(ar, b0, c0[r]);
+      c1[r] = hn::MulAdd(ar, b1, c1[r]);
+    }
+    a += 1;
+    b += bks;
+  }
+  if (lof != nullptr) {
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    const VF lo0 = hn::LoadU(d, lof), lo1 = hn::LoadU(d, lof + N);
+    const VF hi0 = hn::LoadU(d, hif), hi1 = hn::LoadU(d, hif + N);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const VF j = hn::Set(d, static_cast<float>(row0 + r));
+      c0[r] = hn::IfThenElse(hn::And(j >= lo0, j < hi0), c0[r], neg_inf);
+      c1[r] = hn::IfThenElse(hn::And(j >= lo1, j < hi1), c1[r], neg_inf);
+    }
+  }
+  VF m0 = hn::LoadU(d, colmax), m1 = hn::LoadU(d, colmax + N);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    hn::StoreU(c0[r], d, c + r * crs);
+    hn::StoreU(c1[r], d, c + r * crs + N);
+    m0 = hn::Max(m0, c0[r]);
+    m1 = hn::Max(m1, c1[r]);
+  }
+  hn::StoreU(m0, d, colmax);
+  hn::StoreU(m1, d, colmax + N);
+}
+
+// S^T[M, ncols] = K[M, K] Qt[K, ncols] with ScoreTile's mask and column max
+// (colmax[ncols], initialised by the caller). Tiles as in GemmK.
+template <int KC>
+HWY_NOINLINE void ScoresK(int64_t M, int64_t ncols, int64_t K, const float* a, int64_t ars,
+                          const float* b, int64_t bks, float* c, int64_t crs, const float* lof,
+                          const float* hif, float* colmax) {
+  const DF d;
+  const int64_t nt = 2 * static_cast<int64_t>(hn::Lanes(d));
+  const int64_t tiles = (M + kTileRows - 1) / kTileRows;
+  const int64_t base = M / tiles, extra = M % tiles;
+  for (int64_t n0 = 0; n0 < ncols; n0 += nt) {
+    const float* lo = lof ? lof + n0 : nullptr;
+    const float* hi = hif ? hif + n0 : nullptr;
+    int m0 = 0;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int rows = static_cast<int>(base + (t < extra ? 1 : 0));
+      const float* at = a + m0 * ars;
+      const float* bt = b + n0;
+      float* ct = c + m0 * crs + n0;
+      float* cm = colmax + n0;
+      switch (rows) {
+        case 6: ScoreTile<6, KC>(at, ars, bt, bks, K, ct, crs, m0, lo, hi, cm); break;
+        case 5: ScoreTile<5, KC>(at, ars, bt, bks, K, ct, crs, m0, lo, hi, cm); break;
+        case 4: ScoreTile<4, KC>(at, ars, bt, bks, K, ct, crs, m0, lo, hi, cm); break;
+        case 3: ScoreTile<3, KC>(at, ars, bt, bks, K, ct, crs, m0, lo, hi, cm); break;
+        case 2: ScoreTile<2, KC>(at, ars, bt, bks, K, ct, crs, m0, lo, hi, cm); break;
+        default: ScoreTile<1, KC>(at, ars, bt, bks, K, ct, crs, m0, lo, hi, cm); break;
+      }
+      m0 += rows;
+    }
+  }
+}
+
+HWY_INLINE void Scores(int64_t M, int64_t ncols, int64_t K, const float* a, int64_t ars,
+                       const float* b, int64_t bks, float* c, int64_t crs, const float* lof,
+                       const float* hif, float* colmax) {
+  switch (K) {
+    case 32: return ScoresK<32>(M, ncols, K, a, ars, b, bks, c, crs, lof, hif, colmax);
+    case 64: return ScoresK<64>(M, ncols, K, a, ars, b, bks, c, crs, lof, hif, colmax);
+    case 128: return ScoresK<128>(M, ncols, K, a, ars, b, bks, c, crs, lof, hif, colmax);
+    case 256: return ScoresK<256>(M, ncols, K, a, ars, b, bks, c, crs, lof, hif, colmax);
+    default: return ScoresK<0>(M, ncols, K, a, ars, b, bks, c, crs, lof, hif, colmax);
+  }
+}
+
 // 2^x, relative error below 8e-8 (1.3 ulp; the polynomial's own error is
 // 2e-9): x = n + f with n = round(x), |f| <= 1/2, 2^f by a degree-6
 // minimax polynomial with p(0) = 1 (so exp2(0) is exactly 1), 2^n made
@@ -372,7 +469,7 @@ bool ForwardTileImpl(const FwdTile& t) {
   for (int i = rows; i < QC; ++i) lo[i] = hi[i] = key_begin;  // padding columns: see nothing
 
   thread_local Scratch scratch;
-  float* qt = scratch.Get(2 * static_cast<size_t>(D) * BQ + BK * BQ + 5 * BQ + D);
+  float* qt = scratch.Get(2 * static_cast<size_t>(D) * BQ + BK * BQ + 6 * BQ + D);
   float* ot = qt + static_cast<size_t>(D) * BQ;  // O^T [D, QC]
   float* st = ot + static_cast<size_t>(D) * BQ;  // S^T, then P^T [BK, QC]
   float* m = st + BK * BQ;                       // running max (base 2), may be -inf
@@ -380,7 +477,8 @@ bool ForwardTileImpl(const FwdTile& t) {
   float* alpha = l + BQ;                         // rescale factor of this block
   float* lof = alpha + BQ;                       // per-block key bounds as floats
   float* hif = lof + BQ;
-  float* qrow = hif + BQ;                        // one converted Q row [D]
+  float* bmax = hif + BQ;                        // this block's column max
+  float* qrow = bmax + BQ;                       // one converted Q row [D]
 
   // Q^T [D, QC], pre-scaled into base-2 logits.
   const float c = t.softmax_scale * kLog2e;
@@ -421,31 +519,22 @@ bool ForwardTileImpl(const FwdTile& t) {
     const float* kb = k + kb0 * krs;
     const float* vb = v + kb0 * krs;
 
-    // S^T = K Q^T (base-2 logits).
-    Gemm<kOverwrite>(nk, QC, D, kb, krs, 1, qt, QC, st, QC);
-
+    // S^T = K Q^T (base-2 logits), masked unless the block is interior to
+    // every row's range; the block's column max on the way.
     if (!interior) {
       for (int i = 0; i < QC; ++i) {
         lof[i] = static_cast<float>(std::clamp<int64_t>(lo[i] - kb0, -1, BK + 1));
         hif[i] = static_cast<float>(std::clamp<int64_t>(hi[i] - kb0, -1, BK + 1));
       }
-      for (int j = 0; j < nk; ++j) {
-        const VF jf = hn::Set(d, static_cast<float>(j));
-        for (int i = 0; i < QC; i += N) {
-          VF s = hn::Load(d, st + j * QC + i);
-          s = hn::IfThenElse(jf >= hn::Load(d, lof + i), s, neg_inf);
-          s = hn::IfThenElse(jf < hn::Load(d, hif + i), s, neg_inf);
-          hn::Store(s, d, st + j * QC + i);
-        }
-      }
     }
+    for (int i = 0; i < QC; i += N) hn::Store(neg_inf, d, bmax + i);
+    Scores(nk, QC, D, kb, krs, qt, QC, st, QC, interior ? nullptr : lof,
+           interior ? nullptr : hif, bmax);
 
     // Online softmax along each column (query), N queries at a time.
     for (int i = 0; i < QC; i += N) {
-      VF mx = neg_inf;
-      for (int j = 0; j < nk; ++j) mx = hn::Max(mx, hn::Load(d, st + j * QC + i));
       const VF m_old = hn::Load(d, m + i);
-      const VF m_new = hn::Max(m_old, mx);
+      const VF m_new = hn::Max(m_old, hn::Load(d, bmax + i));
       // A column that has seen no key yet keeps m = -inf; subtracting 0
       // instead makes every exp2 below exactly 0 rather than NaN.
       const VF m_safe = hn::IfThenZeroElse(m_new == neg_inf, m_new);
