@@ -16,7 +16,7 @@
 // rows: bounded scratch); a batch's tasks then run largest first.
 //
 // Determinism: tasks are put in one canonical order and run in waves of a
-// fixed number of tasks: the tiles of a wave are computed in parallel, then
+// fixed number of tasks (task_waves.h): the tiles of a wave are computed in parallel, then
 // merged into the accumulators one task after another in that order. Every
 // accumulator element therefore receives its contributions in the same
 // order whatever the number of threads, and the result is bitwise the same
@@ -34,6 +34,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/task_waves.h"
 #include "kernels/cpu/tile_kernels.h"
 
 namespace hsap::kernels::cpu {
@@ -41,15 +42,18 @@ namespace {
 
 using internal::kBwdBlockK;
 using internal::kBlockQ;
+using internal::Batch;
+using internal::MakeBatches;
+using internal::PackBatch;
+using internal::RunParallel;
+using internal::Segment;
+using internal::Task;
+using internal::WaveRunner;
 
-// Waves hold at most this many tasks, and (beyond their first task) at most
-// this many allowed pairs: constants, so the merge order never depends on
-// the pool, and small enough that a wave takes a few milliseconds — the
-// quantum at which concurrent calls on one pool take turns (ThreadPool
-// serves callers first come, first served).
+// Waves hold at most this many tasks (and internal::kWavePairs pairs):
+// constants, so the merge order never depends on the pool.
 constexpr int64_t kForwardWave = 64;
 constexpr int64_t kBackwardWave = 32;
-constexpr int64_t kWavePairs = int64_t{1} << 21;
 // Keys a forward task streams at most: an item's keys are cut into chunks
 // aligned to multiples of this, whose partial results merge in order.
 constexpr int64_t kFwdKeyChunk = 4096;
@@ -64,176 +68,8 @@ constexpr int64_t kPackRows = 4096;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-void RunParallel(ThreadPool* pool, int64_t n, const std::function<void(int64_t)>& fn) {
-  if (pool != nullptr) {
-    pool->ParallelFor(n, fn);
-  } else {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-  }
-}
-
 const char* At(const void* base, int64_t elements, DType dtype) {
   return static_cast<const char*>(base) + elements * DTypeSize(dtype);
-}
-
-struct Task {
-  int32_t item;
-  int32_t head;         // query head (forward) or KV head (backward)
-  int64_t block_begin;  // first query row (forward) or key (backward) of the tile
-  int64_t cost;         // allowed (q, k) pairs, an upper estimate
-  int64_t row_begin = 0, row_end = 0;  // backward: the query rows visited
-  int64_t key_begin = 0, key_end = 0;  // forward: the key chunk streamed
-  int64_t segment = 0;                 // the packed operands it reads
-};
-
-// The operands a set of tasks shares, packed once: forward, the K and V rows
-// [begin, end) of an item at one KV head; backward, the Q and dO rows
-// [begin, end) of an item at every query head of one KV head.
-struct Segment {
-  int32_t item = 0;
-  int32_t kv_head = 0;
-  int64_t begin = std::numeric_limits<int64_t>::max();
-  int64_t end = 0;
-  int64_t packed = 0;  // offset of its packed rows in the batch's buffer (floats)
-  bool used = false;
-};
-
-// A run of consecutive segments packed together, and their tasks.
-struct Batch {
-  size_t task_begin = 0, task_end = 0;
-  int64_t segment_begin = 0, segment_end = 0;
-};
-
-// Sorts `tasks` by segment, cuts the segment sequence into batches of at
-// most `limit` packed rows (rows(segment) each; a batch holds at least one
-// segment) and sorts each batch's tasks largest first. Sets each segment's
-// `packed` offset within its batch (rows x floats_per_row) and
-// *max_batch_floats.
-std::vector<Batch> MakeBatches(std::vector<Task>* tasks, std::vector<Segment>* segments,
-                               int64_t limit, int64_t floats_per_row,
-                               const std::function<int64_t(const Segment&)>& rows,
-                               int64_t* max_batch_floats) {
-  std::stable_sort(tasks->begin(), tasks->end(),
-                   [](const Task& a, const Task& b) { return a.segment < b.segment; });
-  std::vector<Batch> batches;
-  *max_batch_floats = 0;
-  int64_t batch_rows = 0;
-  size_t t = 0;
-  for (size_t g = 0; g < segments->size(); ++g) {
-    Segment& seg = (*segments)[g];
-    if (!seg.used) continue;
-    const int64_t n = rows(seg);
-    if (batches.empty() || (batch_rows > 0 && batch_rows + n > limit)) {
-      batches.push_back({t, t, static_cast<int64_t>(g), static_cast<int64_t>(g)});
-      batch_rows = 0;
-    }
-    seg.packed = batch_rows * floats_per_row;
-    batch_rows += n;
-    *max_batch_floats = std::max(*max_batch_floats, batch_rows * floats_per_row);
-    while (t < tasks->size() && (*tasks)[t].segment == static_cast<int64_t>(g)) ++t;
-    batches.back().task_end = t;
-    batches.back().segment_end = static_cast<int64_t>(g) + 1;
-  }
-  for (const Batch& b : batches) {
-    // Largest first; among equals, tiles of the same query block (forward) or
-    // key block (backward) next to each other, so that its rows are still in
-    // cache when the next one needs them.
-    std::stable_sort(tasks->begin() + b.task_begin, tasks->begin() + b.task_end,
-                     [](const Task& x, const Task& y) {
-                       if (x.cost != y.cost) return x.cost > y.cost;
-                       return x.block_begin < y.block_begin;
-                     });
-  }
-  return batches;
-}
-
-// Runs tasks in waves of at most `wave` tasks and kWavePairs pairs:
-// compute(index, slot) for a wave's tasks in parallel (slot in [0, 2 wave)
-// names the task's private buffers), then merge(index, slot) for each of
-// them in index order. A wave's merge runs as one more job of the next
-// parallel step (the next wave's tiles, or the packing of the next batch),
-// so no thread waits for it; merges still happen one wave after another,
-// each in index order, on any pool.
-class WaveRunner {
- public:
-  using Fn = std::function<void(int64_t, int64_t)>;
-  WaveRunner(ThreadPool* pool, const std::vector<Task>& tasks, int64_t wave, Fn compute,
-             Fn merge)
-      : pool_(pool), tasks_(tasks), wave_(wave), compute_(std::move(compute)),
-        merge_(std::move(merge)) {}
-
-  // job(i) for i < n in parallel, beside the pending merge (which it completes).
-  void Parallel(int64_t n, const std::function<void(int64_t)>& job) {
-    const int64_t extra = pending_count_ > 0 ? 1 : 0;
-    RunParallel(pool_, n + extra, [&](int64_t i) {
-      if (i < extra) {
-        for (int64_t s = 0; s < pending_count_; ++s) merge_(pending_first_ + s, pending_slot_ + s);
-      } else {
-        job(i - extra);
-      }
-    });
-    pending_count_ = 0;
-  }
-
-  // Runs tasks [begin, end); the last wave's merge stays pending. Before
-  // each wave `stop` (may be null) is asked whether to go on; returns false
-  // (everything computed merged) when it said stop.
-  bool Run(size_t begin, size_t end, const StopFn* stop) {
-    const int64_t n = static_cast<int64_t>(end);
-    for (int64_t first = static_cast<int64_t>(begin); first < n;) {
-      if (stop != nullptr && *stop && (*stop)()) {
-        Finish();
-        return false;
-      }
-      int64_t count = 1, pairs = tasks_[first].cost;
-      while (count < wave_ && first + count < n &&
-             pairs + tasks_[first + count].cost <= kWavePairs) {
-        pairs += tasks_[first + count].cost;
-        ++count;
-      }
-      const int64_t slot = parity_ * wave_;
-      parity_ ^= 1;
-      Parallel(count, [&](int64_t i) { compute_(first + i, slot + i); });
-      pending_first_ = first;
-      pending_count_ = count;
-      pending_slot_ = slot;
-      first += count;
-    }
-    return true;
-  }
-
-  // Completes the pending merge.
-  void Finish() { Parallel(0, [](int64_t) {}); }
-
- private:
-  ThreadPool* pool_;
-  const std::vector<Task>& tasks_;
-  const int64_t wave_;
-  const Fn compute_, merge_;
-  int64_t parity_ = 0;
-  int64_t pending_first_ = 0, pending_count_ = 0, pending_slot_ = 0;
-};
-
-// Packs the segments of one batch: fn(segment, first_row, rows) for pieces
-// of at most 256 rows of every used segment in [seg_begin, seg_end), in
-// parallel (beside the runner's pending merge).
-void PackBatch(WaveRunner* runner, const std::vector<Segment>& segments, int64_t seg_begin,
-               int64_t seg_end, const std::function<void(const Segment&, int64_t, int64_t)>& fn) {
-  constexpr int64_t kPiece = 256;
-  struct Piece {
-    int64_t segment, first, rows;
-  };
-  std::vector<Piece> pieces;
-  for (int64_t g = seg_begin; g < seg_end; ++g) {
-    const Segment& seg = segments[g];
-    if (!seg.used) continue;
-    for (int64_t r = seg.begin; r < seg.end; r += kPiece) {
-      pieces.push_back({g, r, std::min(kPiece, seg.end - r)});
-    }
-  }
-  runner->Parallel(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
-    fn(segments[pieces[i].segment], pieces[i].first, pieces[i].rows);
-  });
 }
 
 // Magnitude bounds of the fast tiles: forward |q|, |k|, |v| < 2^56 keeps
