@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,12 +21,28 @@
 namespace hsap::shm {
 namespace {
 
-// Unix socket paths are limited to 107 bytes: Bazel's TEST_TMPDIR is too deep.
-std::string ShortTempDir() {
-  char tmpl[] = "/tmp/hsap-test-XXXXXX";
-  EXPECT_NE(mkdtemp(tmpl), nullptr);
-  return tmpl;
-}
+// A fresh directory under /tmp, removed with what it holds when this goes
+// out of scope. Unix socket paths are limited to 107 bytes: Bazel's
+// TEST_TMPDIR is too deep. Declare it before the server whose socket lives
+// there, so the server is gone first.
+class ShortTempDir {
+ public:
+  ShortTempDir() {
+    char tmpl[] = "/tmp/hsap-test-XXXXXX";
+    EXPECT_NE(mkdtemp(tmpl), nullptr);
+    path_ = tmpl;
+  }
+  ShortTempDir(const ShortTempDir&) = delete;
+  ShortTempDir& operator=(const ShortTempDir&) = delete;
+  ~ShortTempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 int Connect(const std::string& path) {
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -56,7 +73,8 @@ M Receive(int sock) {
 TEST(SessionSocketTest, PassesFdsAndReclaimsOnDisconnect) {
   RegionRegistry registry;
   SessionManager sessions(&registry);
-  const std::string path = ShortTempDir() + "/s.sock";
+  ShortTempDir dir;
+  const std::string path = dir.path() + "/s.sock";
   auto server = SessionSocket::Start(path, &sessions, getuid());
   ASSERT_TRUE(server.ok()) << server.status();
 
@@ -99,7 +117,8 @@ TEST(SessionSocketTest, PassesFdsAndReclaimsOnDisconnect) {
 TEST(SessionSocketTest, GarbageEndsTheSessionOnly) {
   RegionRegistry registry;
   SessionManager sessions(&registry);
-  const std::string path = ShortTempDir() + "/s.sock";
+  ShortTempDir dir;
+  const std::string path = dir.path() + "/s.sock";
   auto server = SessionSocket::Start(path, &sessions, getuid());
   ASSERT_TRUE(server.ok());
   const int bad = Connect(path);
@@ -128,7 +147,8 @@ bool TrySendFd(int sock, uint64_t transfer_id, int fd) {
 TEST(SessionSocketTest, ASlowReaderDoesNotBlockOtherSessions) {
   RegionRegistry registry;
   SessionManager sessions(&registry);
-  const std::string path = ShortTempDir() + "/s.sock";
+  ShortTempDir dir;
+  const std::string path = dir.path() + "/s.sock";
   auto server = SessionSocket::Start(path, &sessions, getuid());
   ASSERT_TRUE(server.ok());
   const int flooder = Connect(path);
@@ -179,7 +199,8 @@ TEST(SessionSocketTest, AThrottledClientThatLeftIsClosedAfterTheStallTimeout) {
   for (const absl::Duration stall : {absl::Hours(1), absl::Seconds(1)}) {
     RegionRegistry registry;
     SessionManager sessions(&registry);
-    const std::string path = ShortTempDir() + "/s.sock";
+    ShortTempDir dir;
+    const std::string path = dir.path() + "/s.sock";
     auto server = SessionSocket::Start(path, &sessions, getuid(), stall);
     ASSERT_TRUE(server.ok());
     const int client = Connect(path);
@@ -218,7 +239,8 @@ TEST(SessionSocketTest, SessionsPastTheCapGetAHelloWithResourceExhausted) {
   RegionRegistry registry;
   std::vector<std::string> refused;
   SessionManager sessions(&registry, 2, [&refused](const char* flag) { refused.push_back(flag); });
-  const std::string path = ShortTempDir() + "/s.sock";
+  ShortTempDir dir;
+  const std::string path = dir.path() + "/s.sock";
   auto server = SessionSocket::Start(path, &sessions, getuid());
   ASSERT_TRUE(server.ok());
   const int a = Connect(path), b = Connect(path);
