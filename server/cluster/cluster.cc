@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "server/cluster/peer_service.h"
 #include "server/cluster/peer_validation.h"
+#include "server/grpc/status_util.h"
 
 namespace hsap::cluster {
 
@@ -24,10 +25,6 @@ uint64_t NewIncarnation() {
   uint64_t value = 0;
   while (value == 0) value = absl::Uniform<uint64_t>(gen);
   return value;
-}
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
 // With TLS the channel presents this node's certificate and checks the
@@ -498,10 +495,10 @@ grpc::Status Cluster::OnJoin(const PeerCaller& caller, const v1::JoinRequest& re
       claimed = options_.peers[request.node_rank()];
     }
   }
-  if (absl::Status who = CheckClaim(caller, claimed, "Join"); !who.ok()) return ToGrpc(who);
+  if (absl::Status who = CheckClaim(caller, claimed, "Join"); !who.ok()) return ToGrpcStatus(who);
   // Every field, the UCX address included, before anything uses it.
   const absl::Status valid = ValidateJoinRequest(request, ClusterShape{self, n, devices}, UcxCheck());
-  if (!valid.ok()) return ToGrpc(valid);
+  if (!valid.ok()) return ToGrpcStatus(valid);
   PeerJoined(request.node_rank(), request.incarnation(), request.ucx_worker_address());
   response->set_node_rank(self);
   response->set_incarnation(incarnation_);
@@ -520,7 +517,7 @@ grpc::Status Cluster::OnHeartbeat(const PeerCaller& caller, const v1::HeartbeatR
         claimed = options_.peers[request.node_rank()];
       }
     }
-    if (absl::Status who = CheckClaim(caller, claimed, "Heartbeat"); !who.ok()) return ToGrpc(who);
+    if (absl::Status who = CheckClaim(caller, claimed, "Heartbeat"); !who.ok()) return ToGrpcStatus(who);
   }
   absl::MutexLock lock(&mu_);
   if (!started_ || stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not started");

@@ -11,13 +11,10 @@
 #include "common/status_macros.h"
 #include "server/cluster/cluster.h"
 #include "server/cluster/peer_validation.h"
+#include "server/grpc/status_util.h"
 
 namespace hsap::cluster {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 const grpc::Status kNotStarted(grpc::StatusCode::UNAVAILABLE, "not started");
 
@@ -102,15 +99,15 @@ grpc::Status Cluster::OnAgreePlan(const PeerCaller& caller, const v1::AgreePlanR
   }
   absl::Status valid = ValidateCallFields(request.group(), &request.plan_key());
   if (valid.ok()) valid = ValidateRecvCommId(request.recv_comm_id());
-  if (!valid.ok()) return ToGrpc(valid);
+  if (!valid.ok()) return ToGrpcStatus(valid);
   absl::StatusOr<int32_t> sender = SenderPeer(request.node_rank(), request.address(),
                                               request.incarnation(), request.group());
-  if (!sender.ok() && !absl::IsNotFound(sender.status())) return ToGrpc(sender.status());
+  if (!sender.ok() && !absl::IsNotFound(sender.status())) return ToGrpcStatus(sender.status());
   const std::string name = SenderName(request.node_rank(), request.address(), request.incarnation());
   if (absl::Status who = CheckClaim(caller, ClaimedAddress(request.node_rank(), request.address()),
                                     "AgreePlan");
       !who.ok()) {
-    return ToGrpc(who);
+    return ToGrpcStatus(who);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -119,7 +116,7 @@ grpc::Status Cluster::OnAgreePlan(const PeerCaller& caller, const v1::AgreePlanR
                                                    sender.ok() ? *sender : -1, name,
                                                    request.incarnation(), request.group_key(),
                                                    &not_formed);
-    if (!may.ok()) return ToGrpc(may);
+    if (!may.ok()) return ToGrpcStatus(may);
     if (not_formed) {
       // Not formed here yet: "not seen yet" (it asks again; this node
       // checks when its own ranks arrive). Nothing of it is kept.
@@ -143,15 +140,15 @@ grpc::Status Cluster::OnAbortCall(const PeerCaller& caller, const v1::AbortCallR
     if (!started_) return kNotStarted;
   }
   absl::Status valid = ValidateAbortFields(request);
-  if (!valid.ok()) return ToGrpc(valid);
+  if (!valid.ok()) return ToGrpcStatus(valid);
   absl::StatusOr<int32_t> sender = SenderPeer(request.node_rank(), request.address(),
                                               request.incarnation(), request.group());
-  if (!sender.ok() && !absl::IsNotFound(sender.status())) return ToGrpc(sender.status());
+  if (!sender.ok() && !absl::IsNotFound(sender.status())) return ToGrpcStatus(sender.status());
   const std::string name = SenderName(request.node_rank(), request.address(), request.incarnation());
   if (absl::Status who = CheckClaim(caller, ClaimedAddress(request.node_rank(), request.address()),
                                     "AbortCall");
       !who.ok()) {
-    return ToGrpc(who);
+    return ToGrpcStatus(who);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -162,7 +159,7 @@ grpc::Status Cluster::OnAbortCall(const PeerCaller& caller, const v1::AbortCallR
                                                    &not_formed);
     if (!may.ok()) {
       HSAP_LOG(WARNING) << may.message();
-      return ToGrpc(may);
+      return ToGrpcStatus(may);
     }
     // A group still forming here runs no call of it yet.
     if (not_formed) return grpc::Status::OK;

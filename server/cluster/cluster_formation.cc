@@ -25,13 +25,10 @@
 #include "common/status_macros.h"
 #include "server/cluster/cluster.h"
 #include "server/cluster/peer_validation.h"
+#include "server/grpc/status_util.h"
 
 namespace hsap::cluster {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 // What a rank thread waiting for a group's formation waits on.
 struct FormationWait {
@@ -256,11 +253,11 @@ void Cluster::AnswerJoinLocked(const GroupEntry& g, bool nonce_ok,
 grpc::Status Cluster::OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupRequest& request,
                                   v1::JoinGroupResponse* response) {
   const absl::Status valid = ValidateJoinGroupRequest(request, UcxCheck());
-  if (!valid.ok()) return ToGrpc(valid);
+  if (!valid.ok()) return ToGrpcStatus(valid);
   if (absl::Status who = CheckClaim(caller, request.address(),
                                     absl::StrCat("JoinGroup for group '", request.group(), "'"));
       !who.ok()) {
-    return ToGrpc(who);
+    return ToGrpcStatus(who);
   }
   const std::string sender = absl::StrCat(request.address(), "#", request.incarnation());
   const std::vector<std::string> asked(request.nodes().begin(), request.nodes().end());
@@ -278,7 +275,7 @@ grpc::Status Cluster::OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupR
     g = groups_.Find(request.group());
     if (g == nullptr) {
       if (request.nodes(0) != self) {
-        return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+        return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
             "JoinGroup from ", sender, " for group '", request.group(), "' names '",
             request.nodes(0), "' as the group's root (nodes[0]), but this daemon is '", self,
             "' (its --advertise_address): every member must name the root as it advertises "
@@ -287,7 +284,7 @@ grpc::Status Cluster::OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupR
       auto refused = refusals_.find(request.group());
       if (refused != refusals_.end() && refused->second.node_index == 0 &&
           IndexIn(refused->second.nodes, request.address()) > 0) {
-        return ToGrpc(absl::FailedPreconditionError(
+        return ToGrpcStatus(absl::FailedPreconditionError(
             absl::StrCat("group '", request.group(), "' failed on its root ", self, ": ",
                          refused->second.reason.message())));
       }
@@ -297,7 +294,7 @@ grpc::Status Cluster::OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupR
     index = g->IndexOf(request.address());
     root = g->node_index == 0;
     if (!root && (index < 0 || index == g->node_index)) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+      return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
           "JoinGroup from ", sender, " for group '", g->name, "': this daemon (", self,
           ") is node ", g->node_index, " of the group, whose root is '", g->members[0].address,
           "'; the JoinGroup names '", request.nodes(0), "' as the root")));
@@ -309,13 +306,13 @@ grpc::Status Cluster::OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupR
           " (members [", absl::StrJoin(g->addresses(), ", "), "]; the request declares [",
           absl::StrJoin(asked, ", "), "])"));
       HSAP_LOG(WARNING) << refused.message();
-      return ToGrpc(refused);
+      return ToGrpcStatus(refused);
     }
     // Below, a member of this daemon's group: at its root the member
     // joins; at another member (it names this daemon as the root) its
     // account can only show that the two declared different groups.
     if (g->state == GroupState::kFailed) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+      return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
           "group '", g->name, "' failed (", g->failure.message(),
           "); form the group again under a new group name")));
     }
@@ -331,7 +328,7 @@ grpc::Status Cluster::OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupR
     // per member: the others ask again.
     if (m.confirming) return grpc::Status::OK;
     const PeerRecord* p = peers_.Find(m.peer);
-    if (p == nullptr || p->stub == nullptr) return ToGrpc(absl::InternalError("member has no stub"));
+    if (p == nullptr || p->stub == nullptr) return ToGrpcStatus(absl::InternalError("member has no stub"));
     if (m.nonce.empty()) m.nonce = NewGroupSecret();
     m.confirming = true;
     stub = p->stub;
@@ -353,14 +350,14 @@ grpc::Status Cluster::OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupR
   {
     absl::MutexLock lock(&mu_);
     if (groups_.Find(request.group()) != g) {
-      return ToGrpc(absl::UnavailableError(absl::StrCat(
+      return ToGrpcStatus(absl::UnavailableError(absl::StrCat(
           "group '", request.group(), "' was released on its root while ", sender,
           " was confirmed")));
     }
     GroupMember& m = g->members[index];
     m.confirming = false;
     if (g->state == GroupState::kFailed) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+      return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
           "group '", g->name, "' failed (", g->failure.message(),
           "); form the group again under a new group name")));
     }
@@ -368,7 +365,7 @@ grpc::Status Cluster::OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupR
       m.last_error = absl::StrCat("its root could not call it back at its address: ",
                                   called.error_message());
       // ABORTED: the member asks again (its formation times out, naming it).
-      return ToGrpc(absl::AbortedError(absl::StrCat(
+      return ToGrpcStatus(absl::AbortedError(absl::StrCat(
           "group '", g->name, "': the root ", self, " could not call ", request.address(),
           " back to confirm this JoinGroup (", called.error_message(),
           "); the root must reach every member at its advertised address")));
@@ -379,7 +376,7 @@ grpc::Status Cluster::OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupR
           request.address(), ", called back at its address, is not joining the group with "
           "this root (", self, "); the request (from ", caller.transport, ") was not sent by it"));
       HSAP_LOG(WARNING) << refused.message();
-      return ToGrpc(refused);
+      return ToGrpcStatus(refused);
     }
     const std::string member_name = absl::StrCat(request.address(), "#", view.incarnation());
     const std::vector<std::string> theirs(view.nodes().begin(), view.nodes().end());
@@ -393,10 +390,10 @@ grpc::Status Cluster::OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupR
       // A member that learns it first tells the root, so that every node
       // of the group fails now with the reason, not at its timeout.
       if (!root && forming && reports_.size() < kMaxReports) reports_.push_back(g->name);
-      return ToGrpc(reason);
+      return ToGrpcStatus(reason);
     }
     if (!root) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+      return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
           "JoinGroup from ", sender, " for group '", g->name, "': this daemon (", self,
           ") is node ", g->node_index, " of the group, whose root is '", g->members[0].address,
           "'")));
@@ -410,10 +407,10 @@ grpc::Status Cluster::OnJoinGroup(const PeerCaller& caller, const v1::JoinGroupR
           view.incarnation() == request.incarnation() ? " with another UCX worker address" : "",
           "; the request (from ", caller.transport, ") was not sent by it"));
       HSAP_LOG(WARNING) << refused.message();
-      return ToGrpc(refused);
+      return ToGrpcStatus(refused);
     }
     const absl::Status joined = ApplyMemberViewLocked(*g, index, view, &restart, &member_peer);
-    if (!joined.ok()) return ToGrpc(joined);
+    if (!joined.ok()) return ToGrpcStatus(joined);
     AnswerJoinLocked(*g, !m.nonce.empty() && TokensEqual(request.nonce(), m.nonce), response);
   }
   if (!restart.ok()) RunNodeAbort(member_peer, restart);
@@ -534,9 +531,9 @@ grpc::Status Cluster::OnConfirmMember(const PeerCaller& caller,
     valid = absl::InvalidArgumentError(
         absl::StrCat("nonce has ", request.nonce().size(), " bytes; 1 to 64"));
   }
-  if (!valid.ok()) return ToGrpc(valid);
+  if (!valid.ok()) return ToGrpcStatus(valid);
   if (absl::Status who = CheckClaim(caller, request.root(), "ConfirmMember"); !who.ok()) {
-    return ToGrpc(who);
+    return ToGrpcStatus(who);
   }
   absl::MutexLock lock(&mu_);
   if (!started_ || stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not started");

@@ -11,14 +11,11 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/cluster/cluster.h"
+#include "server/grpc/status_util.h"
 #include "server/plan/plan_proto.h"
 
 namespace hsap::cluster {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 std::pair<int, int32_t> KeyOf(DType dtype, int32_t head_dim) {
   return {static_cast<int>(dtype), head_dim};
@@ -300,18 +297,18 @@ grpc::Status Cluster::OnGroupProfile(const PeerCaller& caller,
                                      const v1::GroupProfileRequest& request, absl::Time deadline,
                                      v1::GroupProfileResponse* response) {
   if (request.head_dim() < 1 || request.head_dim() > 4096) {
-    return ToGrpc(absl::InvalidArgumentError(
+    return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("head_dim is ", request.head_dim(), "; it must be in [1, 4096]")));
   }
   const absl::StatusOr<DType> dtype = plan::DTypeFromProto(request.dtype(), "dtype");
-  if (!dtype.ok()) return ToGrpc(dtype.status());
+  if (!dtype.ok()) return ToGrpcStatus(dtype.status());
   absl::StatusOr<int32_t> sender = SenderPeer(request.node_rank(), request.address(),
                                               request.incarnation(), request.group());
-  if (!sender.ok() && !absl::IsNotFound(sender.status())) return ToGrpc(sender.status());
+  if (!sender.ok() && !absl::IsNotFound(sender.status())) return ToGrpcStatus(sender.status());
   if (absl::Status who = CheckClaim(caller, ClaimedAddress(request.node_rank(), request.address()),
                                     "GroupProfile");
       !who.ok()) {
-    return ToGrpc(who);
+    return ToGrpcStatus(who);
   }
   const std::string name = SenderName(request.node_rank(), request.address(), request.incarnation());
   {
@@ -322,21 +319,21 @@ grpc::Status Cluster::OnGroupProfile(const PeerCaller& caller,
       // Its ranks have not arrived here yet: ask again.
       if (g == nullptr) return grpc::Status::OK;
       if (g->node_index != 0) {
-        return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+        return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
             "this daemon is node ", g->node_index, " of group '", g->name, "', not its root")));
       }
       if (g->state == GroupState::kFailed) {
-        return ToGrpc(absl::FailedPreconditionError(
+        return ToGrpcStatus(absl::FailedPreconditionError(
             absl::StrCat("group '", g->name, "' failed (", g->failure.message(), ")")));
       }
       bool not_formed = false;
       const absl::Status may =
           CheckCallSenderLocked("GroupProfile", request.group(), sender.ok() ? *sender : -1, name,
                                 request.incarnation(), request.group_key(), &not_formed);
-      if (!may.ok()) return ToGrpc(may);
+      if (!may.ok()) return ToGrpcStatus(may);
       if (not_formed) return grpc::Status::OK;  // still forming
     } else if (!sender.ok() || self_ != 0 || num_static_ <= 1 || *sender >= num_static_) {
-      return ToGrpc(absl::FailedPreconditionError(
+      return ToGrpcStatus(absl::FailedPreconditionError(
           "GroupProfile of an undeclared group goes to node 0 of a static cluster, from one of "
           "its nodes"));
     }
@@ -344,7 +341,7 @@ grpc::Status Cluster::OnGroupProfile(const PeerCaller& caller,
   const absl::StatusOr<std::string> profile =
       RootGroupProfile(request.group(), request.declared(), *dtype, request.head_dim(),
                        std::min(deadline, absl::Now() + absl::Seconds(60)));
-  if (!profile.ok()) return ToGrpc(profile.status());
+  if (!profile.ok()) return ToGrpcStatus(profile.status());
   response->set_ready(true);
   response->set_profile(*profile);
   return grpc::Status::OK;

@@ -2,21 +2,14 @@
 
 #include "absl/time/time.h"
 #include "server/cluster/cluster.h"
+#include "server/grpc/status_util.h"
 
 namespace hsap::cluster {
-namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-}  // namespace
-
 // Every handler authorizes its caller first (Cluster::AuthorizePeerCall);
 // the Cluster then checks what the request claims against who sent it.
 #define HSAP_AUTHORIZE_PEER(caller)                                        \
   absl::StatusOr<PeerCaller> caller = cluster_->AuthorizePeerCall(*context); \
-  if (!caller.ok()) return ToGrpc(caller.status())
+  if (!caller.ok()) return ToGrpcStatus(caller.status())
 
 grpc::Status PeerServiceImpl::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
                                    v1::JoinResponse* response) {
