@@ -28,7 +28,8 @@ Validation happens here first — dtypes, shapes, the mask against the
 tensors, strategy — and raises hsap.InvalidInputError (a ValueError; a dtype
 problem is InvalidDTypeError, also a TypeError) naming the argument; what
 only the daemon can check (this rank's share of the dispatch, limits) comes
-back as hsap.HsapError with the daemon's code and message.
+back as hsap.HsapError with the daemon's code and message, naming the
+daemon's socket, the group and the rank (hsap.client: the calls' deadlines).
 
 Data path: each call checks out an arena (a registered memfd region, reused
 across calls), copies q/k/v in (one copy each, straight into the shared
@@ -45,7 +46,7 @@ import torch
 
 from hsap import masks
 from hsap.client import default_client
-from hsap.errors import InvalidDTypeError, InvalidInputError
+from hsap.errors import HsapError, InvalidDTypeError, InvalidInputError
 from hsap.groups import solo_group
 from hsap.v1 import attention_pb2
 from hsap.v1 import common_pb2
@@ -199,7 +200,10 @@ def _stage(call, inputs, outputs):
     for name, shape, dtype in specs:
         offsets[name] = (at, shape, dtype)
         at += (_numel(shape) * torch.empty((), dtype=dtype).element_size() + 63) // 64 * 64
-    arena = client.checkout_arena(max(at, 64))
+    try:
+        arena = client.checkout_arena(max(at, 64))
+    except HsapError as e:  # registering a region for the call: name the call's group
+        raise e.in_group(call.group.name, call.group.rank)
     region = arena.region
     views = {n: region.view(off, shape, dt) for n, (off, shape, dt) in offsets.items()}
     for name, tensor, row_axis, fill in copies:
@@ -214,9 +218,19 @@ def _stage(call, inputs, outputs):
     return arena, refs, views
 
 
+def _release_unanswered(call, arena, error):
+    """None after abandoning `arena` when the daemon did not answer the call
+    (it may still write O/LSE or the gradients there), else `arena`."""
+    if error.no_answer:
+        call.client.abandon_arena(arena)
+        return None
+    return arena
+
+
 def _run_forward(call, q, k, v):
     """O [Tq, Hq, D] and LSE [Hq, Tq] (float32) of one forward call."""
     started = time.perf_counter()
+    call.group.check_usable()  # a failed group refuses before staging touches the daemon
     rows, hq, d = call.rows, q.shape[1], q.shape[2]
     hkv = k.shape[1]
     arena, refs, views = _stage(
@@ -233,13 +247,18 @@ def _run_forward(call, q, k, v):
         out = views["o"][:call.q_rows].clone(), views["lse"][:, :call.q_rows].clone()
         call.group.note_call(time.perf_counter() - started, response.stats)
         return out
+    except HsapError as e:
+        arena = _release_unanswered(call, arena, e)
+        raise
     finally:
-        call.client.checkin_arena(arena)
+        if arena is not None:
+            call.client.checkin_arena(arena)
 
 
 def _run_backward(call, q, k, v, o, lse, d_o):
     """dQ, dK, dV of one backward call (shapes and dtype of q, k, v)."""
     started = time.perf_counter()
+    call.group.check_usable()
     rows, hq, d = call.rows, q.shape[1], q.shape[2]
     hkv = k.shape[1]
     qs, ks = (rows, hq, d), (rows, hkv, d)
@@ -260,8 +279,12 @@ def _run_backward(call, q, k, v, o, lse, d_o):
                  views["dv"][:call.k_rows].clone())
         call.group.note_call(time.perf_counter() - started, response.stats)
         return grads
+    except HsapError as e:
+        arena = _release_unanswered(call, arena, e)
+        raise
     finally:
-        call.client.checkin_arena(arena)
+        if arena is not None:
+            call.client.checkin_arena(arena)
 
 
 class AttentionFunction(torch.autograd.Function):

@@ -55,7 +55,7 @@ def init_from_env(name=None, socket_path=None, backend="gloo", **group_options):
     try:
         client = connect(socket_path)
     except HsapError as e:  # the others are told too (they would wait in the gather)
-        _gather(dist.group.WORLD, ("error", e.code.name, e.message))
+        _gather(dist.group.WORLD, ("error", e.code.name, e.located_message))
     try:
         return from_process_group(dist.group.WORLD, name, client, **group_options)
     except BaseException:

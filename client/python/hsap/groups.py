@@ -153,19 +153,29 @@ class Group:
         """The call_seq of this rank's last call (0 before the first)."""
         return self._last_seq
 
+    def check_usable(self):
+        """Raises HsapError(FAILED_PRECONDITION) when a daemon error failed
+        the group (a call can check before it stages anything)."""
+        with self._lock:
+            self._check_usable_locked()
+
+    def _check_usable_locked(self):
+        if self.failed is not None:
+            raise HsapError(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"the group failed at call_seq {self._last_seq} "
+                            f"({self.failed.code.name}: {self.failed.message}); use a new "
+                            "group name", self.failed.socket_path, self.name, self.rank)
+
     def run(self, submit):
         """Calls submit(call_seq) with this rank's next call number, one call
         at a time; a daemon error marks the group failed and is re-raised."""
         with self._lock:
-            if self.failed is not None:
-                raise HsapError(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"group '{self.name}' (rank {self.rank}) failed at call_seq "
-                                f"{self._last_seq} ({self.failed}); use a new group name")
+            self._check_usable_locked()
             self._last_seq += 1
             try:
                 return submit(self._last_seq)
             except HsapError as e:
-                self.failed = e
+                self.failed = e.in_group(self.name, self.rank)
                 raise
 
     def note_call(self, seconds, stats=None):
@@ -373,7 +383,7 @@ def from_process_group(pg=None, name=None, client=None, assignment="balanced", d
         client = client or default_client()
         mine = _own_entry(client, name, address, local_slot)
     except HsapError as e:
-        mine = ("error", e.code.name, e.message)
+        mine = ("error", e.code.name, e.located_message)
     entries = _gather(pg, mine)
     pg_rank = dist.get_rank(pg)
     group_name, nodes, per_node, pg_ranks = plan_group(entries)
