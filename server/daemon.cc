@@ -385,6 +385,14 @@ absl::StatusOr<int> Daemon::StartServices() {
     grpc::ResourceQuota quota("hsapd-tcp");
     quota.Resize(kTcpMemoryQuotaBytes);
     tcp.SetResourceQuota(quota);
+    // No BDP probing on this listener. gRPC 1.51's quota is soft: every
+    // read is granted, then a reclaimer resets one stream per pass. With
+    // BDP probing each connection's window grows as fast as a sender
+    // fills it, and 12 senders of 60 MiB messages grew the daemon by
+    // 50-130 MiB before their streams were reset; without it, by about
+    // half (tests/integration/peer_resource_test.cc). A 3 MiB link probe
+    // over loopback takes as long either way (docs/reliability.md).
+    tcp.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     register_services(tcp);
     if (cluster_node_ != nullptr) tcp.RegisterService(cluster_node_->service());
     tcp_server_ = tcp.BuildAndStart();

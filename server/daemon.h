@@ -127,8 +127,11 @@ struct DaemonOptions {
 inline constexpr int kMaxTcpMessageBytes = 4 << 20;
 inline constexpr int kMaxLocalMessageBytes = 64 << 20;
 // Memory the TCP listener's transport may hold for messages being read, all
-// connections together (a gRPC ResourceQuota): a caller who is refused
-// (no token, no certificate) cannot make the daemon buffer more.
+// connections together (a gRPC ResourceQuota). The quota is soft in gRPC
+// 1.51: past it, gRPC resets streams until it is met again (the sender
+// sees RESOURCE_EXHAUSTED, "RST_STREAM with error code 11"), so a refused
+// caller's bytes are dropped, though the peak runs above the quota
+// (docs/reliability.md, "Trust between daemons").
 inline constexpr size_t kTcpMemoryQuotaBytes = 16 << 20;
 // File descriptors kept out of the session and peer caps.
 inline constexpr int64_t kFdReserve = 64;

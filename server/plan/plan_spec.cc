@@ -216,13 +216,30 @@ absl::Status ValidateMask(const PlanSpec& spec) {
   {
     const int64_t kMaxAreaBound = (int64_t{1} << 62) / h.num_heads_q;
     int64_t bound = 0;
-    for (const MaskSlice& s : ResolveSlices(spec)) {
+    auto add = [&](const MaskSlice& s) {
       if (s.num_k() > (kMaxAreaBound - bound) / s.num_q()) {
         return InvalidArgumentError(StrCat("mask: the slices up to ", SliceDebugString(s),
                                            " span more than 2^62 / num_heads_q (",
                                            kMaxAreaBound, ") (query, key) pairs"));
       }
       bound += s.num_q() * s.num_k();
+      return absl::OkStatus();
+    };
+    if (has_cu) {
+      // A document is its own slice, in order: lowering all of them here
+      // too would double the time a compile of millions of documents runs
+      // before it first polls its caller (compiler.cc).
+      const std::vector<int64_t>& cu = spec.cu_seqlens;
+      for (size_t d = 0; d + 1 < cu.size(); ++d) {
+        const int64_t n = cu[d + 1] - cu[d];
+        if (n > 0 && n > (kMaxAreaBound - bound) / n) {
+          const int64_t document[2] = {cu[d], cu[d + 1]};
+          return add(LowerDocuments(document, spec.causal, spec.causal ? spec.window : -1)[0]);
+        }
+        bound += n * n;
+      }
+    } else {
+      for (const MaskSlice& s : ResolveSlices(spec)) HSAP_RETURN_IF_ERROR(add(s));
     }
   }
   return absl::OkStatus();
