@@ -318,6 +318,9 @@ class Cluster {
                                v1::ConfirmMemberResponse* response);
   grpc::Status OnGroupProfile(const PeerCaller& caller, const v1::GroupProfileRequest& request,
                               absl::Time deadline, v1::GroupProfileResponse* response);
+  // A link probe's answer: OK once started (the payload is only timed by
+  // the sender), UNAVAILABLE before Start like every other handler.
+  grpc::Status OnProbeLink(const PeerCaller& caller);
   // The root's answer to a JoinGroup from member `index` of `g` (whose
   // identity it has confirmed): formed (with the key when `nonce_ok`) once
   // every member joined. REQUIRES: g is UP or FORMING.

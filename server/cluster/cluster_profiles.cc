@@ -293,6 +293,15 @@ absl::StatusOr<LinkFigures> Cluster::PeerLink(int32_t peer, absl::Time deadline)
   return link;
 }
 
+grpc::Status Cluster::OnProbeLink(const PeerCaller&) {
+  // Before Start the caller was not authorized (AuthorizePeerCall lets it
+  // through for the handlers to answer UNAVAILABLE): found by
+  // link_probe_fuzzer, which saw OK here.
+  absl::MutexLock lock(&mu_);
+  if (!started_ || stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not started");
+  return grpc::Status::OK;
+}
+
 grpc::Status Cluster::OnGroupProfile(const PeerCaller& caller,
                                      const v1::GroupProfileRequest& request, absl::Time deadline,
                                      v1::GroupProfileResponse* response) {

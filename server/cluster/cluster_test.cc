@@ -403,5 +403,35 @@ TEST_F(ClusterTest, StartTimesOutNamingMissingNodes) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("2 (127.0.0.1:1, JOINING)"));
 }
 
+// Before Start the service answers UNAVAILABLE (cluster.h); ProbeLink
+// answered OK, unauthenticated (link_probe_fuzzer).
+TEST_F(ClusterTest, PeerCallsBeforeStartAreUnavailable) {
+  Create(0, 0);
+  auto stub = v1::Peer::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", nodes_[0].port),
+                                                    grpc::InsecureChannelCredentials()));
+  auto context = [] {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    return c;
+  };
+  v1::ProbeLinkRequest probe;
+  probe.set_payload(std::string(1024, 'p'));
+  v1::ProbeLinkResponse probed;
+  grpc::Status s = stub->ProbeLink(context().get(), probe, &probed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_address("127.0.0.1:9");
+  v1::HeartbeatResponse alive;
+  s = stub->Heartbeat(context().get(), heartbeat, &alive);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  // Once started it answers the probe.
+  ClusterOptions o = Options(0);
+  o.peers.clear();
+  o.advertise_address = absl::StrCat("127.0.0.1:", nodes_[0].port);
+  ASSERT_TRUE(nodes_[0].cluster->Start(o, nodes_[0].worker.get()).ok());
+  s = stub->ProbeLink(context().get(), probe, &probed);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
 }  // namespace
 }  // namespace hsap::cluster

@@ -57,7 +57,7 @@ grpc::Status PeerServiceImpl::ProbeLink(grpc::ServerContext* context, const v1::
   // The payload is only timed (by the sender); the TCP listener's message
   // limit (4 MiB) and memory quota bound it.
   HSAP_AUTHORIZE_PEER(caller);
-  return grpc::Status::OK;
+  return cluster_->OnProbeLink(*caller);
 }
 
 grpc::Status PeerServiceImpl::GroupProfile(grpc::ServerContext* context,

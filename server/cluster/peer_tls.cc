@@ -158,6 +158,26 @@ std::string NewGroupSecret() {
   return out;
 }
 
+namespace {
+
+// Letters, digits and '-': what a wildcard may stand for, and what the rest
+// of a wildcard name may hold besides dots (OpenSSL's rule for a valid "*").
+bool HostnameChars(absl::string_view s, bool dots) {
+  for (char c : s) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && !(dots && c == '.')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// No empty label (no leading, trailing or doubled dot).
+bool WholeLabels(absl::string_view s) {
+  return !s.empty() && s.front() != '.' && s.back() != '.' && s.find("..") == s.npos;
+}
+
+}  // namespace
+
 bool CertificateIdentity::NamesHost(absl::string_view host_view) const {
   const std::string host(host_view);
   const std::string ip = CanonicalIp(host);
@@ -167,13 +187,27 @@ bool CertificateIdentity::NamesHost(absl::string_view host_view) const {
     }
     return false;
   }
+  // Only what both the TLS libraries' host checks accept (OpenSSL's
+  // X509_check_host without partial wildcards, gRPC's own): a DNS name
+  // without a "*" equal to the host, or "*.<at least two labels>" for a
+  // host of one more label of letters, digits and '-'. Found by
+  // peer_tls_fuzzer: "*.com" named "a.com", "*.*.hsap" named "x.*.hsap".
+  if (!WholeLabels(host)) return false;
   const std::string lower = absl::AsciiStrToLower(host);
   for (const std::string& d : dns) {
     const std::string name = absl::AsciiStrToLower(d);
-    if (name == lower) return true;
-    if (absl::StartsWith(name, "*.")) {
-      const size_t dot = lower.find('.');
-      if (dot != std::string::npos && dot > 0 && lower.substr(dot) == name.substr(1)) return true;
+    if (name.find('*') == std::string::npos) {
+      if (name == lower) return true;
+      continue;
+    }
+    if (!absl::StartsWith(name, "*.")) continue;
+    const absl::string_view rest = absl::string_view(name).substr(2);
+    if (!WholeLabels(rest) || rest.find('.') == rest.npos || !HostnameChars(rest, true)) continue;
+    const size_t dot = lower.find('.');
+    if (dot == std::string::npos || dot == 0) continue;
+    if (HostnameChars(absl::string_view(lower).substr(0, dot), false) &&
+        absl::string_view(lower).substr(dot + 1) == rest) {
+      return true;
     }
   }
   return false;
@@ -265,9 +299,12 @@ absl::StatusOr<std::shared_ptr<const PeerTls>> PeerTls::Load(const PeerTlsFiles&
 }
 
 std::shared_ptr<grpc::ServerCredentials> PeerTls::ServerCredentials() const {
-  // Asked, not required, and verified by the peer service (VerifyCaller):
-  // operators come with the token and no certificate.
-  grpc::SslServerCredentialsOptions options(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY);
+  // Asked, not required (operators come with the token and no
+  // certificate), and verified against the CA in the handshake when
+  // presented: gRPC 1.51 aborts on the names of some malformed client
+  // certificates (peer_tls.h), so an unverified one must not reach it.
+  // VerifyCaller checks it again and reads its names.
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
   options.pem_root_certs = ca_pem_;
   options.pem_key_cert_pairs.push_back({key_pem_, cert_pem_});
   return grpc::SslServerCredentials(options);

@@ -7,12 +7,19 @@
 //
 // The TCP port serves TLS to every caller; it asks each for a client
 // certificate without requiring one (operators authenticate with the token
-// over the encrypted connection), and the peer service verifies the
-// presented certificate itself against --tls_ca (VerifyCaller), so that a
-// refusal is a status and a log line naming the certificate rather than a
-// failed handshake nobody sees. Calls this daemon makes to peers present its
-// own certificate and check theirs against the CA and the dialed host
-// (gRPC's own check).
+// over the encrypted connection). A certificate that is presented must
+// chain to --tls_ca in the handshake itself: gRPC 1.51 aborts the whole
+// process when it extracts the names of a client certificate with an
+// iPAddress SAN that is not 4 or 16 bytes (ssl_transport_security.cc
+// "property_count == current_insert_index"; peer_tls_fuzzer found it, and a
+// self-signed certificate from anyone reaching the port did it), so only
+// certificates the cluster's CA signed reach that code. The peer service
+// then verifies the presented certificate again (VerifyCaller: client
+// purpose, the chain the caller sent) and reads its names, so that a
+// claim the certificate does not back is a status and a log line naming
+// the certificate. Calls this daemon makes to peers present its own
+// certificate and check theirs against the CA and the dialed host (gRPC's
+// own check).
 //
 //   HSAP_ASSIGN_OR_RETURN(auto tls, PeerTls::Load({cert, key, ca}));
 //   builder.AddListeningPort(address, tls->ServerCredentials());
@@ -49,8 +56,12 @@ struct CertificateIdentity {
   std::vector<std::string> dns;   // DNS subject alternative names
   std::vector<std::string> ips;   // IP subject alternative names, as text
   // True when `host` (a DNS name or an IP address, no port) is one of the
-  // subject alternative names (DNS compared case-insensitively; a leading
-  // "*." matches one label).
+  // subject alternative names: an IP SAN with the same address, or a DNS
+  // SAN without "*" equal to it (case-insensitively), or "*.<rest>" with
+  // <rest> two or more labels of letters, digits and '-' and the host one
+  // such label more. Never more than OpenSSL's and gRPC's own host checks
+  // accept (peer_tls_fuzzer compares them): no "*.com", no partial or
+  // second wildcard, no empty label, no trailing dot.
   bool NamesHost(absl::string_view host) const;
   // The same for the host part of "<host>:<port>" ("[v6]:port" too).
   bool NamesHostOf(absl::string_view address) const;
