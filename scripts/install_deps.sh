@@ -28,6 +28,8 @@ PACKAGES=(
   llvm
   # bench/scale_sim/plot.py (the scale simulator's figures).
   python3-matplotlib
+  # //deploy:kubernetes_manifest_test reads the Kubernetes manifests.
+  python3-yaml
   # tests/integration:plan_viewer_test opens the plan viewer's pages in
   # headless chromium.
   chromium
