@@ -22,7 +22,7 @@ mkdir -p "$OUT/gen" "$OUT/obj" "$OUT/bin"
 
 PKGS="protobuf grpc++ absl_status absl_statusor absl_strings absl_str_format absl_synchronization
       absl_time absl_hash absl_flat_hash_map absl_flat_hash_set absl_span absl_optional
-      absl_random_random absl_cleanup absl_inlined_vector absl_node_hash_map ucx"
+      absl_random_random absl_cleanup absl_inlined_vector absl_node_hash_map ucx openssl"
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 CXXFLAGS="-std=c++17 -O1 -g -gline-tables-only -fsanitize=fuzzer-no-link $SAN \
   -I$ROOT -I$OUT/gen $(pkg-config --cflags $PKGS) -Wno-unused-command-line-argument"
@@ -43,7 +43,7 @@ SHM="server/shm/region.cc server/shm/region_registry.cc server/shm/sigbus_guard.
 SESSIONS="$SHM server/shm/session_manager.cc server/shm/session_socket.cc"
 PLAN=$(ls server/plan/*.cc | grep -v _test.cc)
 CLUSTER="server/cluster/cluster.cc server/cluster/cluster_calls.cc server/cluster/cluster_groups.cc
-         server/cluster/cluster_profiles.cc server/cluster/link_probe.cc
+         server/cluster/cluster_formation.cc server/cluster/cluster_profiles.cc server/cluster/peer_tls.cc server/cluster/link_probe.cc
          server/cluster/peer_table.cc server/cluster/group_table.cc server/cluster/node_address.cc
          server/cluster/peer_service.cc server/cluster/plan_agreement.cc
          server/cluster/peer_validation.cc server/transport/ucx_address.cc
@@ -58,12 +58,17 @@ declare -A SOURCES=(
   [plan_spec_fuzzer]="$COMMON $PROTO $PLAN"
   [plan_compiler_fuzzer]="$COMMON $PROTO $PLAN"
   [peer_protocol_fuzzer]="$COMMON $PROTO $CLUSTER $PLAN common/thread_pool.cc"
+  [group_join_fuzzer]="$COMMON $PROTO $CLUSTER $PLAN common/thread_pool.cc"
+  [group_profile_fuzzer]="$COMMON $PROTO $CLUSTER $PLAN common/thread_pool.cc"
+  [link_probe_fuzzer]="$COMMON $PROTO $CLUSTER $PLAN common/thread_pool.cc"
+  [peer_tls_fuzzer]="$COMMON $PROTO $CLUSTER $PLAN common/thread_pool.cc"
   [metrics_http_fuzzer]="$COMMON $METRICS"
   [session_socket_fuzzer]="$COMMON $PROTO $SESSIONS"
 )
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(mask_fuzzer attention_validation_fuzzer register_region_fuzzer
-  plan_spec_fuzzer plan_compiler_fuzzer peer_protocol_fuzzer metrics_http_fuzzer session_socket_fuzzer)
+  plan_spec_fuzzer plan_compiler_fuzzer peer_protocol_fuzzer metrics_http_fuzzer session_socket_fuzzer
+  group_join_fuzzer group_profile_fuzzer link_probe_fuzzer peer_tls_fuzzer)
 
 newest_header=$(find common server kernels "$OUT/gen" -name '*.h' -printf '%T@\n' | sort -n | tail -1)
 obj_of() { local s=${1#$ROOT/}; s=${s#$OUT/}; echo "$OUT/obj/${s//\//_}.o"; }

@@ -46,3 +46,10 @@ seed peer_protocol_fuzzer abort 003 hsap.v1.AbortCallRequest 'node_rank: 1 group
 S1='topology { num_nodes: 2 devices_per_node: 2 } shape { num_heads_q: 1 num_heads_kv: 1 head_dim: 64 dtype: DTYPE_BFLOAT16 }'
 seed plan_spec_fuzzer document_2to31 000 hsap.v1.PlanSpec "cu_seqlens: [0, 1, 2147483648] causal: false window: -1 total_tokens: 2147483648 $S1"
 seed plan_spec_fuzzer window_2to31 000 hsap.v1.PlanSpec "cu_seqlens: [0, 2147483647, 2147483648] causal: true window: 2147483648 total_tokens: 2147483648 strategy: STRATEGY_AUTO $S1"
+
+# Raw-bytes modes of the trust targets (first byte 3): "r" and "p" name the
+# live group of the input.
+seed group_join_fuzzer raw_join_group 003 hsap.v1.JoinGroupRequest 'group: "r" nodes: ["127.0.0.1:7", "127.0.0.1:9"] node_index: 1 address: "127.0.0.1:9" incarnation: 1 version: "fuzz" nonce: "0123456789abcdef"'
+seed group_join_fuzzer raw_confirm_member 003 hsap.v1.ConfirmMemberRequest 'group: "j1" root: "127.0.0.1:9" root_incarnation: 1 nonce: "0123456789abcdef"'
+seed group_profile_fuzzer raw_group_profile 003 hsap.v1.GroupProfileRequest 'group: "p" declared: true dtype: DTYPE_BFLOAT16 head_dim: 128 address: "127.0.0.1:9" incarnation: 1'
+seed link_probe_fuzzer raw_probe_link 003 hsap.v1.ProbeLinkRequest 'payload: "probe"'

@@ -8,9 +8,11 @@
 //
 // Properties: no crash or sanitizer report; a Join is accepted iff it names
 // another node of this cluster with the same shape; status codes are the
-// documented ones; a started cluster answers AgreePlan and AbortCall iff
-// they name another member and a group (and, AgreePlan, a plan key), and
-// refuses the others with INVALID_ARGUMENT; an unstarted one is UNAVAILABLE;
+// documented ones; a started cluster (--insecure_peers) answers AgreePlan
+// and AbortCall iff they carry valid fields (INVALID_ARGUMENT otherwise)
+// and come from another node of its static cluster, by node_rank or
+// --peers address (PERMISSION_DENIED otherwise: it holds no run-time
+// group); an unstarted one is UNAVAILABLE;
 // PlanAgreement matches the model (keys, mismatch errors, eviction order).
 //
 // UCX worker addresses (issue 14: 8 bytes of 0xff aborted the daemon inside
@@ -63,6 +65,9 @@ struct Fixture {
     options.node_rank = 0;
     options.join_timeout = absl::Milliseconds(1);
     options.rpc_timeout = absl::Milliseconds(50);
+    // No TLS, no token: the handlers are reached only with --insecure_peers
+    // (UNAUTHENTICATED otherwise, which the TLS fuzzer covers).
+    options.insecure_peers = true;
     // Not formed in 1 ms: DEADLINE_EXCEEDED, but started (it keeps trying).
     const absl::Status st = started.Start(options, worker.get());
     FUZZ_CHECK(st.code() == absl::StatusCode::kDeadlineExceeded);
@@ -108,6 +113,23 @@ bool ValidAddress(const std::string& a) {
     value = value * 10 + (c - '0');
   }
   return value >= 1 && value <= 65535;
+}
+
+
+// A per-call request's sender (Cluster::SenderPeer): an address that is a
+// valid <host>:<port>, or without one a static node_rank other than this
+// node's (0); anything else is INVALID_ARGUMENT.
+bool SenderSyntaxOk(int32_t node_rank, const std::string& address) {
+  return address.empty() ? node_rank >= 1 && node_rank <= 2 : ValidAddress(address);
+}
+
+// Who may send AgreePlan / AbortCall for a group this node does not hold:
+// the static cluster's other nodes, by node_rank or by their --peers
+// address (issue 33: membership bound to the member; an unknown address,
+// this node's own, is PERMISSION_DENIED).
+bool StaticMember(int32_t node_rank, const std::string& address) {
+  return address.empty() ? node_rank >= 1 && node_rank <= 2
+                         : address == "127.0.0.1:1" || address == "127.0.0.1:2";
 }
 
 
@@ -256,19 +278,20 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
         return;
       }
-      // The sender: a known address (a static peer, or an unknown one
-      // answered "not seen yet"), or the static node_rank.
-      const bool sender_ok = r.address().empty() ? r.node_rank() >= 1 && r.node_rank() <= 2
-                                                 : ValidAddress(r.address());
-      const bool valid = sender_ok && !r.group().empty() &&
+      const bool valid = SenderSyntaxOk(r.node_rank(), r.address()) && !r.group().empty() &&
                          r.group().size() <= kMaxPeerGroupBytes && !r.plan_key().empty() &&
                          r.plan_key().size() <= kMaxPeerPlanKeyBytes && Printable(r.plan_key()) &&
                          r.recv_comm_id() < kMaxPeerCommIds;
-      FUZZ_CHECK(st.ok() == valid);
-      if (!st.ok()) {
+      if (!valid) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
         return;
       }
+      // This node holds no group: only the static cluster's nodes speak.
+      if (!StaticMember(r.node_rank(), r.address())) {
+        FUZZ_CHECK(st.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+        return;
+      }
+      FUZZ_CHECK(st.ok());
       // This node never states a key here: the peer's key is kept, mine is "".
       FUZZ_CHECK(!resp.agreed() && resp.plan_key().empty());
       return;
@@ -282,12 +305,15 @@ void FuzzHandler(int kind, bool use_started, const uint8_t* data, size_t size) {
         FUZZ_CHECK(st.error_code() == grpc::StatusCode::UNAVAILABLE);
         return;
       }
-      const bool sender_ok = r.address().empty() ? r.node_rank() >= 1 && r.node_rank() <= 2
-                                                 : ValidAddress(r.address());
-      FUZZ_CHECK(st.ok() == (sender_ok && !r.group().empty() &&
-                             r.group().size() <= kMaxPeerGroupBytes && r.code() >= 0 &&
-                             r.code() <= 16 && r.message().size() <= kMaxPeerMessageBytes));
-      FUZZ_CHECK(st.ok() || st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+      const bool valid = SenderSyntaxOk(r.node_rank(), r.address()) && !r.group().empty() &&
+                         r.group().size() <= kMaxPeerGroupBytes && r.code() >= 0 &&
+                         r.code() <= 16 && r.message().size() <= kMaxPeerMessageBytes;
+      if (!valid) {
+        FUZZ_CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+        return;
+      }
+      FUZZ_CHECK(st.ok() == StaticMember(r.node_rank(), r.address()));
+      FUZZ_CHECK(st.ok() || st.error_code() == grpc::StatusCode::PERMISSION_DENIED);
       return;
     }
   }
