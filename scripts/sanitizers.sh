@@ -7,10 +7,14 @@
 #         path (server/exec), the gRPC entry points, the peer layer
 #         (server/cluster), the metrics HTTP server, the CPU kernels, common,
 #         and the integration tests that drive a real hsapd with hostile or
-#         heavy input (ASAN_INTEGRATION below). Tests that start hsapd run the
-#         sanitized binary (it is a data dependency). Long sweeps keep one
-#         case in five (tests/sanitizers/sweep.h).
-#   tsan  ThreadSanitizer on the concurrency tests (TSAN_TARGETS below). Not
+#         heavy input (ASAN_INTEGRATION below). Not the planner's unit
+#         tests (server/plan): pure computation on validated inputs, which
+#         reach the compiler under ASan through the integration tests'
+#         hostile requests and tests/fuzz/plan_compiler_fuzzer. Tests that
+#         start hsapd run the sanitized binary (it is a data dependency).
+#         Long sweeps keep one case in five (tests/sanitizers/sweep.h).
+#   tsan  ThreadSanitizer on the concurrency tests (TSAN_TARGETS below);
+#         long sweeps keep one case in twenty. Not
 #         cluster_test nor group_formation_test: their in-process gRPC
 #         traffic is synchronized inside uninstrumented gRPC
 #         (tests/sanitizers/tsan.supp explains).
@@ -19,7 +23,8 @@
 # Tests tagged no_sanitizers (the fresh-clone test) never run here. The two
 # runs are sequential (each takes both cores); their outputs live in
 # bazel-out/k8-optasan and k8-opttsan (--platform_suffix), so the plain
-# build is not disturbed. Extra arguments go to both bazel invocations.
+# build is not disturbed. Both build only what their tests need
+# (--build_tests_only). Extra arguments go to both bazel invocations.
 # Usage: scripts/sanitizers.sh [asan|tsan|all] [bazel args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,13 +39,11 @@ ASAN_PACKAGES=(
   //server/grpc/...
   //server/cluster/...
   //server/metrics/...
-  //server/plan/...
 )
-# ...less the long sweeps of pure computation on valid inputs (the plain
-# stage runs them whole; tests/fuzz/plan_compiler_fuzzer covers the
-# compiler's inputs under ASan).
+# ...less the tests that time the kernels (a sanitizer would time its own
+# instrumentation; the plain stage runs them, TSan checks their threads).
 ASAN_EXCLUDED=(
-  //server/plan:compiler_property_test
+  //server/exec:measured_profile_test
 )
 # Integration tests: a real daemon under hostile input, load, cancellation,
 # several daemons and run-time groups; the numerics suite (the kernels and
@@ -86,17 +89,21 @@ run() {
   local name=$1
   shift
   local start=$SECONDS
+  local profile=()
+  # HSAP_BAZEL_PROFILE (scripts/test.sh sets it per stage): Bazel's profile.
+  [ -n "${HSAP_BAZEL_PROFILE:-}" ] && profile=(--profile="$HSAP_BAZEL_PROFILE")
   echo "sanitizers: ${name}: bazel test $*"
-  bazel test --keep_going "$@" || status=$?
+  bazel test --keep_going "${profile[@]}" "$@" || status=$?
   echo "sanitizers: ${name} took $((SECONDS - start)) s"
 }
 if [ "$which" = all ] || [ "$which" = asan ]; then
   excluded=()
   for t in "${ASAN_EXCLUDED[@]}"; do excluded+=("-$t"); done
-  run asan --config=asan --config=cpu --test_tag_filters=-gpu,-no_sanitizers "$@" -- \
+  run asan --config=asan --config=cpu --test_tag_filters=-gpu,-no_sanitizers \
+    --build_tests_only "$@" -- \
     "${ASAN_PACKAGES[@]}" "${ASAN_INTEGRATION[@]}" "${excluded[@]}"
 fi
 if [ "$which" = all ] || [ "$which" = tsan ]; then
-  run tsan --config=tsan --config=cpu "$@" -- "${TSAN_TARGETS[@]}"
+  run tsan --config=tsan --config=cpu --build_tests_only "$@" -- "${TSAN_TARGETS[@]}"
 fi
 exit $status

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -129,10 +130,18 @@ TEST(RegionRegistryTest, EveryCapIsResourceExhaustedNamingItsFlag) {
 
 // Registration cost must not grow with other sessions' regions: register
 // + unregister with 16 sessions holding 1,000 regions each costs about what
-// it costs alone (median of rounds, side by side).
+// it costs alone. Two registries, one empty and one crowded, timed in turn
+// over seven rounds; the fastest round of each is compared, so a round that
+// another process slowed down does not decide the result.
 TEST(RegionRegistryTest, RegistrationCostIsIndependentOfOtherSessions) {
-  RegionRegistry reg(RegionLimits{1024, uint64_t{1} << 40, uint64_t{1} << 40, 1 << 16, 1 << 16});
-  auto time_pairs = [&reg](uint64_t session) {
+  const RegionLimits limits{1024, uint64_t{1} << 40, uint64_t{1} << 40, 1 << 16, 1 << 16};
+  RegionRegistry empty(limits), crowded(limits);
+  for (uint64_t s = 100; s < 116; ++s) {
+    for (int i = 0; i < 1000; ++i) {
+      ASSERT_TRUE(crowded.Register(s, "other", MakeMemfd("hsap-cost-o", 1)).ok());
+    }
+  }
+  auto time_pairs = [](RegionRegistry& reg, uint64_t session) {
     std::vector<std::unique_ptr<MappedRegion>> mappings;
     for (int i = 0; i < 200; ++i) mappings.push_back(MakeMemfd("hsap-cost", 4096));
     const auto start = std::chrono::steady_clock::now();
@@ -144,16 +153,18 @@ TEST(RegionRegistryTest, RegistrationCostIsIndependentOfOtherSessions) {
     }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  const double alone = time_pairs(1);
-  for (uint64_t s = 100; s < 116; ++s) {
-    for (int i = 0; i < 1000; ++i) ASSERT_TRUE(reg.Register(s, "other", MakeMemfd("hsap-cost-o", 1)).ok());
+  double alone = 1e9, with_others = 1e9;
+  for (int round = 0; round < 7; ++round) {
+    alone = std::min(alone, time_pairs(empty, 1));
+    with_others = std::min(with_others, time_pairs(crowded, 1));
   }
-  const double crowded = time_pairs(1);
-  std::printf("register+unregister+list x200: alone %.2f ms, with 16,000 other regions %.2f ms\n",
-              alone * 1e3, crowded * 1e3);
-  EXPECT_LT(crowded, 3 * alone + 0.005);
-  EXPECT_EQ(reg.DropSession(105), 1000);
-  EXPECT_EQ(reg.num_regions(), 15000u);
+  std::printf(
+      "register+unregister+list x200 (fastest of 7): alone %.2f ms, with 16,000 other "
+      "regions %.2f ms\n",
+      alone * 1e3, with_others * 1e3);
+  EXPECT_LT(with_others, 3 * alone + 0.005);
+  EXPECT_EQ(crowded.DropSession(105), 1000);
+  EXPECT_EQ(crowded.num_regions(), 15000u);
 }
 
 }  // namespace
