@@ -348,7 +348,7 @@ TEST_P(ExecutorMatrixTest, EveryStrategyAndAssignmentMatchesReference) {
     }
   }
   EXPECT_EQ(compiled, kept * 21);
-  EXPECT_EQ(kept, sweep::kSanitized ? kCases / 5 : kCases);
+  EXPECT_EQ(kept, sweep::Kept(kCases));
   EXPECT_EQ(failed_compile, 0);
 }
 

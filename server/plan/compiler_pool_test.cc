@@ -58,7 +58,7 @@ TEST(CompilerPropertyTest, PoolDoesNotChangeThePlan) {
     }
   }
   EXPECT_EQ(compared, kept * 7 * 2);
-  EXPECT_EQ(kept, sweep::kSanitized ? (sweep::kThreadSanitizer ? 3 : 12) : 24);
+  EXPECT_EQ(kept, sweep::Kept(24, 2));
 }
 
 }  // namespace

@@ -36,6 +36,14 @@ constexpr bool Keeps(int64_t index, int64_t stride = 5) {
   return !kSanitized || index % s == 0;
 }
 
+// How many of cases 0 .. n-1 Keeps keeps (for a sweep that checks it ran
+// the cases it meant to).
+constexpr int64_t Kept(int64_t n, int64_t stride = 5) {
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) kept += Keeps(i, stride) ? 1 : 0;
+  return kept;
+}
+
 }  // namespace hsap::sweep
 
 #endif  // HSAP_TESTS_SANITIZERS_SWEEP_H_
