@@ -24,6 +24,8 @@ PACKAGES=(
   # tests/fuzz: clang with libFuzzer and its sanitizer runtimes. (gcc's
   # libasan8, libubsan1 and libtsan2 for --config=asan/tsan come with gcc.)
   clang libclang-rt-14-dev
+  # The fibers of the CUDA kernels' CPU emulation (kernels/cuda/emulation.h).
+  libboost-context-dev
   # llvm-symbolizer for sanitizer stack traces (.bazelrc).
   llvm
   # bench/scale_sim/plot.py (the scale simulator's figures).

@@ -3,10 +3,10 @@
 // plain C++ test on a machine without a GPU (tests/gpu/kernel_emulation_test).
 // Test-only; compiled with HSAP_CUDA_EMULATION defined, by g++, never nvcc.
 //
-// Model: one cooperative fiber (ucontext) per CUDA thread, all on the calling
-// thread; a CTA's fibers run together, CTAs one after another (so one static
-// buffer serves as shared memory, refilled with 0xff bytes before each CTA
-// to expose reads of unwritten data). __syncthreads is a CTA barrier;
+// Model: one cooperative fiber (Boost.Context) per CUDA thread, all on the
+// calling thread; a CTA's fibers run together, CTAs one after another (so one
+// static buffer serves as shared memory, refilled with 0xff bytes before each
+// CTA to expose reads of unwritten data). __syncthreads is a CTA barrier;
 // warp-collective operations (shuffles, ldmatrix, mma.sync) deposit each
 // lane's operands in a per-warp exchange slot, then wait at a warp barrier.
 // ldmatrix and mma.sync follow the PTX ISA's fragment tables (the same
@@ -22,7 +22,8 @@
 #endif
 
 #include <cuda_runtime.h>  // uint3, float2, make_float2 (host parts only)
-#include <ucontext.h>
+
+#include <boost/context/fiber.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -39,13 +40,17 @@
 
 namespace hsap::kernels::cuda::emu {
 
-// Cooperative fibers (ucontext) on the calling thread: one per CUDA thread
-// of the CTA being run. A fiber that must wait yields to the next unfinished
-// one, round robin; there is no preemption and no OS-thread parallelism, so
-// runs are deterministic and a wait costs a context switch, not a futex.
+// Cooperative fibers on the calling thread: one per CUDA thread of the CTA
+// being run. A fiber that must wait yields to the next unfinished one, round
+// robin; there is no preemption and no OS-thread parallelism, so runs are
+// deterministic and a wait costs a context switch, not a futex. The switch
+// is Boost.Context's (a few registers saved in user space): glibc's
+// swapcontext, used before, also saved the signal mask with a system call
+// on every switch, which was 76 % of the emulated tests' time (perf,
+// 2026-12-06; docs/results/test_suite.md).
 struct Fiber {
-  ucontext_t context;
-  char* stack = nullptr;  // from FiberStacks(), reused by later CTAs
+  boost::context::fiber context;  // where it resumes; empty while it runs
+  char* stack = nullptr;          // from FiberStacks(), reused by later CTAs
   bool done = false;
 };
 
@@ -56,11 +61,26 @@ inline std::vector<std::unique_ptr<char[]>>& FiberStacks() {
   static auto* stacks = new std::vector<std::unique_ptr<char[]>>;
   return *stacks;
 }
+inline constexpr size_t kFiberStackBytes = 64 * 1024;  // the kernels' locals need a few KB
+
+// Boost.Context's stack allocator concept over one of FiberStacks(): the
+// stack outlives the fiber, so deallocation leaves it for the next CTA.
+struct ReusedStack {
+  char* base;
+  boost::context::stack_context allocate() {
+    boost::context::stack_context sc;
+    sc.size = kFiberStackBytes;
+    sc.sp = base + kFiberStackBytes;  // stacks grow down
+    return sc;
+  }
+  void deallocate(boost::context::stack_context&) {}
+};
 
 struct Scheduler {
-  ucontext_t main;
+  boost::context::fiber main;  // the launcher, while a fiber runs
   std::vector<Fiber> fibers;
   int current = 0;
+  int switched_from = -1;  // the fiber that made the last switch; -1: main
 };
 
 inline Scheduler*& CurrentScheduler() {
@@ -69,6 +89,17 @@ inline Scheduler*& CurrentScheduler() {
 }
 
 inline void SetBuiltins(int fiber);
+
+// Keeps the context that has just switched to this fiber, so that it can be
+// resumed later (Boost.Context hands it over as the result of resume()).
+inline void Arrived(boost::context::fiber&& from) {
+  Scheduler& s = *CurrentScheduler();
+  if (s.switched_from < 0) {
+    s.main = std::move(from);
+  } else {
+    s.fibers[s.switched_from].context = std::move(from);
+  }
+}
 
 // Switches to the next unfinished fiber (returns at once if there is none).
 inline void Yield() {
@@ -79,8 +110,9 @@ inline void Yield() {
     const int to = (from + step) % n;
     if (s.fibers[to].done) continue;
     s.current = to;
+    s.switched_from = from;
     SetBuiltins(to);
-    swapcontext(&s.fibers[from].context, &s.fibers[to].context);
+    Arrived(std::move(s.fibers[to].context).resume());
     s.current = from;
     SetBuiltins(from);
     return;
@@ -281,7 +313,6 @@ inline void SetBuiltins(int fiber) {
 // Runs body() as `threads` fibers of each CTA of a (grid_x, grid_y) grid,
 // CTAs one after another, on the calling thread.
 inline void Launch(int grid_x, int grid_y, int threads, const std::function<void()>& body) {
-  constexpr size_t kStack = 64 * 1024;  // the kernels' locals need a few KB
   static const std::function<void()>* entry = nullptr;
   entry = &body;
   for (int y = 0; y < grid_y; ++y) {
@@ -296,25 +327,31 @@ inline void Launch(int grid_x, int grid_y, int threads, const std::function<void
       blockDim = dim3(threads, 1, 1);
       gridDim = dim3(grid_x, grid_y, 1);
       std::vector<std::unique_ptr<char[]>>& stacks = FiberStacks();
-      while (stacks.size() < static_cast<size_t>(threads)) stacks.emplace_back(new char[kStack]);
+      while (stacks.size() < static_cast<size_t>(threads)) {
+        stacks.emplace_back(new char[kFiberStackBytes]);
+      }
       for (int t = 0; t < threads; ++t) {
         Fiber& f = s.fibers[t];
         f.stack = stacks[t].get();
-        getcontext(&f.context);
-        f.context.uc_stack.ss_sp = f.stack;
-        f.context.uc_stack.ss_size = kStack;
-        f.context.uc_link = &s.main;
-        makecontext(&f.context, [] { (*entry)(); }, 0);
+        f.context = boost::context::fiber(
+            std::allocator_arg, ReusedStack{f.stack}, [](boost::context::fiber&& from) {
+              Arrived(std::move(from));
+              (*entry)();
+              Scheduler& sched = *CurrentScheduler();
+              sched.fibers[sched.current].done = true;
+              return std::move(sched.main);  // back to the loop below
+            });
       }
-      // Whenever a fiber returns (to main, via uc_link), mark it done and
-      // resume the next unfinished one.
+      // Only a finishing fiber returns here (the others switch among
+      // themselves); resume the next unfinished one.
       int remaining = threads;
       s.current = 0;
       while (remaining > 0) {
         while (s.fibers[s.current].done) s.current = (s.current + 1) % threads;
+        s.switched_from = -1;
         SetBuiltins(s.current);
-        swapcontext(&s.main, &s.fibers[s.current].context);
-        s.fibers[s.current].done = true;
+        // What comes back is the finished fiber's (empty) context.
+        std::move(s.fibers[s.current].context).resume();
         --remaining;
       }
       CurrentScheduler() = nullptr;
