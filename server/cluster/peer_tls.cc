@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "grpc/grpc_security_constants.h"
 
 namespace hsap::cluster {
@@ -176,6 +177,15 @@ bool WholeLabels(absl::string_view s) {
   return !s.empty() && s.front() != '.' && s.back() != '.' && s.find("..") == s.npos;
 }
 
+// No label of a wildcard's rest starts or ends with '-' (OpenSSL's
+// valid_star refuses such a pattern, and then compares it as a plain name).
+bool NoEdgeHyphens(absl::string_view s) {
+  for (absl::string_view label : absl::StrSplit(s, '.')) {
+    if (!label.empty() && (label.front() == '-' || label.back() == '-')) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool CertificateIdentity::NamesHost(absl::string_view host_view) const {
@@ -191,7 +201,8 @@ bool CertificateIdentity::NamesHost(absl::string_view host_view) const {
   // X509_check_host without partial wildcards, gRPC's own): a DNS name
   // without a "*" equal to the host, or "*.<at least two labels>" for a
   // host of one more label of letters, digits and '-'. Found by
-  // peer_tls_fuzzer: "*.com" named "a.com", "*.*.hsap" named "x.*.hsap".
+  // peer_tls_fuzzer: "*.com" named "a.com", "*.*.hsap" named "x.*.hsap",
+  // "*.c.omexp-" named "node-7.c.omexp-".
   if (!WholeLabels(host)) return false;
   const std::string lower = absl::AsciiStrToLower(host);
   for (const std::string& d : dns) {
@@ -202,7 +213,10 @@ bool CertificateIdentity::NamesHost(absl::string_view host_view) const {
     }
     if (!absl::StartsWith(name, "*.")) continue;
     const absl::string_view rest = absl::string_view(name).substr(2);
-    if (!WholeLabels(rest) || rest.find('.') == rest.npos || !HostnameChars(rest, true)) continue;
+    if (!WholeLabels(rest) || rest.find('.') == rest.npos || !HostnameChars(rest, true) ||
+        !NoEdgeHyphens(rest)) {
+      continue;
+    }
     const size_t dot = lower.find('.');
     if (dot == std::string::npos || dot == 0) continue;
     if (HostnameChars(absl::string_view(lower).substr(0, dot), false) &&

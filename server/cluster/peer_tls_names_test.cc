@@ -57,6 +57,14 @@ TEST(NamesHostTest, NoWildcardThatTheTlsLibrariesRefuse) {
   EXPECT_FALSE(With({"a*.hsap.svc"}).NamesHost("ab.hsap.svc"));  // partial
   EXPECT_FALSE(With({"*.hsap..svc"}).NamesHost("a.hsap..svc"));  // an empty label
   EXPECT_FALSE(With({"*.hsap_x.svc"}).NamesHost("a.hsap_x.svc"));
+  // A label after the "*" that ends or starts with '-' (seed 8101, 2026-12-06:
+  // tests/fuzz/corpus/peer_tls_fuzzer/e7d008b9).
+  EXPECT_FALSE(With({"*.C.omexp-"}).NamesHost("node-7.C.omexp-"));
+  EXPECT_FALSE(With({"*.-c.hsap"}).NamesHost("node-7.-c.hsap"));
+  EXPECT_FALSE(With({"*.c-.hsap"}).NamesHost("node-7.c-.hsap"));
+  // A '-' inside a label stays valid, and so does one the "*" stands for.
+  EXPECT_TRUE(With({"*.c-d.hsap"}).NamesHost("node-7.c-d.hsap"));
+  EXPECT_TRUE(With({"*.c.hsap"}).NamesHost("-node-.c.hsap"));
 }
 
 }  // namespace
