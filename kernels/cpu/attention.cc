@@ -34,6 +34,7 @@
 #include <limits>
 #include <vector>
 
+#include "hwy/aligned_allocator.h"
 #include "kernels/cpu/task_waves.h"
 #include "kernels/cpu/tile_kernels.h"
 
@@ -67,6 +68,31 @@ constexpr int64_t kPackKeys = 8192;
 constexpr int64_t kPackRows = 4096;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// A call's scratch, left uninitialized: the tiles overwrite every element
+// they hand on (a tile that sees nothing writes nothing and is not merged),
+// and a zeroed std::vector cost the calling thread a serial memset and a
+// page fault per fresh page while the pool waited (at T = 16K, D = 128 on
+// the 2-core VM, about a quarter of a bf16 call; docs/results/kernel_bench.md).
+// Sanitized builds fill it with NaN, so that a read of an element no tile
+// wrote shows in the results (the ASan stage runs the kernel and numerics
+// suites).
+hwy::AlignedFreeUniquePtr<float[]> Scratch(size_t n) {
+  auto p = hwy::AllocateAligned<float>(std::max<size_t>(n, 1));
+#if defined(ADDRESS_SANITIZER) || defined(THREAD_SANITIZER)
+  std::fill(p.get(), p.get() + n, std::numeric_limits<float>::quiet_NaN());
+#endif
+  return p;
+}
+
+// p[0, n) = value over the pool: an accumulator's fresh pages are first
+// touched (faulted in and zeroed) by every thread, not the caller alone.
+void FillParallel(float* p, int64_t n, float value, ThreadPool* pool) {
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  RunParallel(pool, (n + kChunk - 1) / kChunk, [&](int64_t c) {
+    std::fill(p + c * kChunk, p + std::min(n, (c + 1) * kChunk), value);
+  });
+}
 
 const char* At(const void* base, int64_t elements, DType dtype) {
   return static_cast<const char*>(base) + elements * DTypeSize(dtype);
@@ -249,11 +275,12 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
   const std::vector<Batch> batches = MakeBatches(
       &tasks, &segments, kPackKeys, 2 * int64_t{D},
       [](const Segment& g) { return std::max<int64_t>(0, g.end - g.begin); }, &packed_floats);
-  std::vector<float> packed(static_cast<size_t>(packed_floats));
+  const auto packed = Scratch(static_cast<size_t>(packed_floats));
 
   const int64_t wave = std::min<int64_t>(kForwardWave, std::max<size_t>(tasks.size(), 1));
   // Two sets of slots: one wave computes while the previous one merges.
-  std::vector<float> o(static_cast<size_t>(2 * wave) * kBlockQ * D), lse(2 * wave * kBlockQ);
+  const auto o = Scratch(static_cast<size_t>(2 * wave) * kBlockQ * D);
+  const auto lse = Scratch(static_cast<size_t>(2 * wave) * kBlockQ);
   std::vector<char> saw(2 * wave, 0);
   std::vector<int> rows(2 * wave, 0);
   auto compute = [&](int64_t index, int64_t slot) {
@@ -273,7 +300,7 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
       tile.kv_row_stride = kv_stride;
     } else {
       const int64_t n = seg.end - seg.begin;
-      const float* k = packed.data() + seg.packed + (task.key_begin - seg.begin) * D;
+      const float* k = packed.get() + seg.packed + (task.key_begin - seg.begin) * D;
       tile.k = k;
       tile.v = k + n * D;
       tile.kv_row_stride = D;
@@ -287,8 +314,8 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
     tile.head_dim = D;
     tile.dtype = shape.dtype;
     tile.softmax_scale = shape.softmax_scale;
-    tile.o = o.data() + slot * kBlockQ * D;
-    tile.lse = lse.data() + slot * kBlockQ;
+    tile.o = o.get() + slot * kBlockQ * D;
+    tile.lse = lse.get() + slot * kBlockQ;
     rows[slot] = tile.num_rows;
     saw[slot] = exact[task.item] ? internal::ExactForwardTile(tile) : internal::ForwardTile(tile);
   };
@@ -301,14 +328,14 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
       const int64_t row = task.block_begin + i;
       internal::MergeRow(D, it.o_acc + row * o_row_stride + int64_t{h} * D,
                          it.lse_acc + int64_t{h} * it.lse_stride + row,
-                         o.data() + (slot * kBlockQ + i) * D, lse[slot * kBlockQ + i]);
+                         o.get() + (slot * kBlockQ + i) * D, lse[slot * kBlockQ + i]);
     }
   };
   // K then V rows of each segment, side by side in the batch's buffer.
   auto pack = [&](const Segment& seg, int64_t first, int64_t n) {
     const FwdWorkItem& it = items[seg.item];
     const int64_t kv_stride = kv_stride_of(it), len = seg.end - seg.begin;
-    float* k = packed.data() + seg.packed;
+    float* k = packed.get() + seg.packed;
     const int64_t src = first * kv_stride + int64_t{seg.kv_head} * D;
     internal::PackRows(At(it.k, src, shape.dtype), shape.dtype, kv_stride, n, D, 1.f,
                        k + (first - seg.begin) * D, D);
@@ -389,14 +416,14 @@ bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
   const std::vector<Batch> batches = MakeBatches(
       &tasks, &segments, kPackRows / group, 2 * int64_t{group} * Dp,
       [](const Segment& g) { return std::max<int64_t>(0, g.end - g.begin); }, &packed_floats);
-  std::vector<float> packed(static_cast<size_t>(packed_floats));
+  const auto packed = Scratch(static_cast<size_t>(packed_floats));
 
   const int64_t wave = std::min<int64_t>(kBackwardWave, std::max<size_t>(tasks.size(), 1));
   const size_t kv_floats = static_cast<size_t>(kBwdBlockK) * Dp;
   const size_t dq_floats = static_cast<size_t>(group) * kBwdChunkRows * Dp;
   // Two sets of slots: one wave computes while the previous one merges.
-  std::vector<float> dk(2 * wave * kv_floats), dv(2 * wave * kv_floats),
-      dq(2 * wave * dq_floats);
+  const auto dk = Scratch(2 * wave * kv_floats), dv = Scratch(2 * wave * kv_floats),
+             dq = Scratch(2 * wave * dq_floats);
   std::vector<char> saw(2 * wave, 0);
   std::vector<int> keys(2 * wave, 0);
   auto compute = [&](int64_t index, int64_t slot) {
@@ -405,9 +432,9 @@ bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
     const int kv_head = task.head;
     const int num_keys = static_cast<int>(std::min<int64_t>(kBwdBlockK, it.num_k - task.block_begin));
     keys[slot] = num_keys;
-    float* slot_dq = dq.data() + slot * dq_floats;
-    float* slot_dk = dk.data() + slot * kv_floats;
-    float* slot_dv = dv.data() + slot * kv_floats;
+    float* slot_dq = dq.get() + slot * dq_floats;
+    float* slot_dk = dk.get() + slot * kv_floats;
+    float* slot_dv = dv.get() + slot * kv_floats;
     const void* k = At(it.k, int64_t{kv_head} * D, shape.dtype);
     const void* v = At(it.v, int64_t{kv_head} * D, shape.dtype);
     if (exact[task.item]) {
@@ -455,7 +482,7 @@ bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
     }
     const Segment& seg = segments[task.segment];
     const int64_t len = seg.end - seg.begin;
-    const float* q = packed.data() + seg.packed;
+    const float* q = packed.get() + seg.packed;
     internal::BwdTile tile;
     tile.heads = group;
     tile.q = q + (task.row_begin - seg.begin) * Dp;
@@ -493,11 +520,11 @@ bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
     for (int j = 0; j < group; ++j) {
       const int h = kv_head * group + j;
       internal::AddRows(it.dq_acc + task.row_begin * q_row + int64_t{h} * D, q_row,
-                        dq.data() + slot * dq_floats + j * rows * Dp, Dp, rows, D);
+                        dq.get() + slot * dq_floats + j * rows * Dp, Dp, rows, D);
     }
     const int64_t first = task.block_begin * kv_row + int64_t{kv_head} * D;
-    internal::AddRows(it.dk_acc + first, kv_row, dk.data() + slot * kv_floats, Dp, keys[slot], D);
-    internal::AddRows(it.dv_acc + first, kv_row, dv.data() + slot * kv_floats, Dp, keys[slot], D);
+    internal::AddRows(it.dk_acc + first, kv_row, dk.get() + slot * kv_floats, Dp, keys[slot], D);
+    internal::AddRows(it.dv_acc + first, kv_row, dv.get() + slot * kv_floats, Dp, keys[slot], D);
   };
   // Per segment: Q (scaled into base-2 logits) of each query head of the KV
   // head, then dO of each, rows of Dp floats.
@@ -505,7 +532,7 @@ bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
   auto pack = [&](const Segment& seg, int64_t first, int64_t n) {
     const BwdWorkItem& it = items[seg.item];
     const int64_t q_stride = q_stride_of(it), len = seg.end - seg.begin;
-    float* base = packed.data() + seg.packed + (first - seg.begin) * Dp;
+    float* base = packed.get() + seg.packed + (first - seg.begin) * Dp;
     for (int j = 0; j < group; ++j) {
       const int64_t src = first * q_stride + int64_t{seg.kv_head * group + j} * D;
       internal::PackRows(At(it.q, src, shape.dtype), shape.dtype, q_stride, n, D, c,
@@ -582,14 +609,14 @@ void VarlenForward(const AttentionShape& shape, const void* q, const void* k, co
   const int Hq = shape.num_heads_q, Hkv = shape.num_heads_kv, D = shape.head_dim;
   const int64_t q_row = int64_t{Hq} * D, kv_row = int64_t{Hkv} * D;
   // fp32 output is its own accumulator.
-  std::vector<float> o_storage;
+  hwy::AlignedFreeUniquePtr<float[]> o_storage;
   float* o_acc = static_cast<float*>(o);
   if (shape.dtype != DType::kFloat32) {
-    o_storage.resize(static_cast<size_t>(num_q * q_row));
-    o_acc = o_storage.data();
+    o_storage = Scratch(static_cast<size_t>(num_q * q_row));
+    o_acc = o_storage.get();
   }
-  std::fill(o_acc, o_acc + num_q * q_row, 0.f);
-  std::fill(lse, lse + int64_t{Hq} * num_q, kNegInf);
+  FillParallel(o_acc, num_q * q_row, 0.f, pool);
+  FillParallel(lse, int64_t{Hq} * num_q, kNegInf, pool);
   std::vector<FwdWorkItem> items;
   for (const MaskSlice& s : slices) {
     if (s.num_q() <= 0 || s.num_k() <= 0) continue;
@@ -617,17 +644,17 @@ void VarlenBackward(const AttentionShape& shape, const void* q, const void* k, c
                     void* dv, ThreadPool* pool) {
   const int Hq = shape.num_heads_q, Hkv = shape.num_heads_kv, D = shape.head_dim;
   const int64_t q_row = int64_t{Hq} * D, kv_row = int64_t{Hkv} * D;
-  std::vector<float> delta(static_cast<size_t>(int64_t{Hq} * num_q));
-  ComputeDelta(shape, o, dout, num_q, delta.data(), num_q, pool);
+  const auto delta = Scratch(static_cast<size_t>(int64_t{Hq} * num_q));  // every entry written
+  ComputeDelta(shape, o, dout, num_q, delta.get(), num_q, pool);
   const bool fp32 = shape.dtype == DType::kFloat32;
-  std::vector<float> dq_storage, dk_storage, dv_storage;
-  auto accumulator = [&](void* out, int64_t n, std::vector<float>* storage) {
+  hwy::AlignedFreeUniquePtr<float[]> dq_storage, dk_storage, dv_storage;
+  auto accumulator = [&](void* out, int64_t n, hwy::AlignedFreeUniquePtr<float[]>* storage) {
     float* acc = static_cast<float*>(out);
     if (!fp32) {
-      storage->resize(static_cast<size_t>(n));
-      acc = storage->data();
+      *storage = Scratch(static_cast<size_t>(n));
+      acc = storage->get();
     }
-    std::fill(acc, acc + n, 0.f);
+    FillParallel(acc, n, 0.f, pool);
     return acc;
   };
   float* dq_acc = accumulator(dq, num_q * q_row, &dq_storage);
@@ -642,7 +669,7 @@ void VarlenBackward(const AttentionShape& shape, const void* q, const void* k, c
     it.v = At(v, s.k_begin * kv_row, shape.dtype);
     it.dout = At(dout, s.q_begin * q_row, shape.dtype);
     it.lse = lse + s.q_begin;
-    it.delta = delta.data() + s.q_begin;
+    it.delta = delta.get() + s.q_begin;
     it.lse_stride = num_q;
     it.num_q = s.num_q();
     it.num_k = s.num_k();
