@@ -50,7 +50,6 @@ namespace hsap::kernels::cuda::emu {
 // 2026-12-06; docs/results/test_suite.md).
 struct Fiber {
   boost::context::fiber context;  // where it resumes; empty while it runs
-  char* stack = nullptr;          // from FiberStacks(), reused by later CTAs
   bool done = false;
 };
 
@@ -331,10 +330,8 @@ inline void Launch(int grid_x, int grid_y, int threads, const std::function<void
         stacks.emplace_back(new char[kFiberStackBytes]);
       }
       for (int t = 0; t < threads; ++t) {
-        Fiber& f = s.fibers[t];
-        f.stack = stacks[t].get();
-        f.context = boost::context::fiber(
-            std::allocator_arg, ReusedStack{f.stack}, [](boost::context::fiber&& from) {
+        s.fibers[t].context = boost::context::fiber(
+            std::allocator_arg, ReusedStack{stacks[t].get()}, [](boost::context::fiber&& from) {
               Arrived(std::move(from));
               (*entry)();
               Scheduler& sched = *CurrentScheduler();
