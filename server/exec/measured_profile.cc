@@ -145,8 +145,8 @@ class ItemRun {
   int64_t lse_elems_ = 0;
 };
 
-// What one slot measures: the rate run (one head of n tokens; forward, then
-// backward, each one warm-up and then the mean over a kRateWindowS window),
+// What one slot measures: the rate run (one head of n tokens; one warm-up
+// each, then forward-backward pairs over a kRateWindowS window, the means),
 // and the interleave pair — kInterleavedHeads heads, the last n/8 rows
 // against all n keys, as separate one-head items (each its own buffers)
 // and interleaved in one item's rows, the same work and memory:
@@ -154,7 +154,7 @@ class ItemRun {
 // code, the fills touched the memory), the ratio of a round's two times,
 // the mean over rounds (alternating, so a slow spell hits both). About
 // 0.6 GFLOP in all at D 64.
-constexpr double kRateWindowS = 0.02;
+constexpr double kRateWindowS = 0.04;
 constexpr size_t kMaxRateRuns = 64;
 constexpr int kInterleavedHeads = 8;
 constexpr int kInterleaveRounds = 2;
@@ -176,27 +176,37 @@ SlotRuns TimeSlot(ComputeBackend* backend, DType dtype, int32_t head_dim, int64_
   };
   {
     ItemRun rate(backend, dtype, head_dim, 1, 1, n, n, stop);
-    // One warm-up, then runs until kRateWindowS have passed (at least 2, at
-    // most kMaxRateRuns), the mean: a window longer than the scheduler's
+    // One warm-up of each, then forward-backward pairs until kRateWindowS
+    // of both together have passed (at least 2 pairs, at most
+    // kMaxRateRuns), the means: a window longer than the scheduler's
     // slices, so slots sharing cores read the share they get, where the
     // median of single sub-millisecond runs read whichever run had a core
     // to itself (cluster_bench's two daemons measuring at once read
-    // backward / forward 8.35 that way; alone 2.1-3.3).
-    auto window = [&](auto&& one) {
-      if (!r.rate.status.ok()) return 0.0;
-      run(one(), nullptr, &r.rate.status);
-      std::vector<double> times;
-      double sum = 0;
-      while (r.rate.status.ok() && times.size() < kMaxRateRuns &&
-             (times.size() < 2 || sum < kRateWindowS)) {
-        run(one(), &times, &r.rate.status);
-        if (r.rate.status.ok()) sum += times.back();
-      }
-      return times.empty() ? 0.0 : sum / static_cast<double>(times.size());
+    // backward / forward 8.35 that way; alone 2.1-3.3). The pairs
+    // alternate so that a slow spell falls on both directions alike: a
+    // forward window followed by a backward one read backward / forward
+    // 0.51 when other processes left the second window less of the cores
+    // (CI, four tests at once on two cores).
+    auto timed = [&](auto&& one) {
+      absl::StatusOr<double> t = one();
+      if (!t.ok()) r.rate.status.Update(t.status());
+      return t.ok() ? *t : 0.0;
     };
-    r.rate.fwd_s = window([&] { return rate.Forward(); });
-    r.rate.bwd_s = window([&] { return rate.Backward(); });
+    timed([&] { return rate.Forward(); });
+    timed([&] { return rate.Backward(); });
+    double fwd_sum = 0, bwd_sum = 0;
+    size_t pairs = 0;
+    while (r.rate.status.ok() && pairs < kMaxRateRuns &&
+           (pairs < 2 || fwd_sum + bwd_sum < kRateWindowS)) {
+      const double f = timed([&] { return rate.Forward(); });
+      const double b = timed([&] { return rate.Backward(); });
+      fwd_sum += f;
+      bwd_sum += b;
+      ++pairs;
+    }
     if (!r.rate.status.ok()) return r;
+    r.rate.fwd_s = fwd_sum / static_cast<double>(pairs);
+    r.rate.bwd_s = bwd_sum / static_cast<double>(pairs);
   }
   const int64_t rows = std::min<int64_t>(n, std::max<int64_t>(64, n / 8));
   ItemRun separate(backend, dtype, head_dim, 1, kInterleavedHeads, n, rows, stop);

@@ -1,5 +1,6 @@
 #include "server/exec/measured_profile.h"
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -38,8 +39,11 @@ TEST(MeasuredProfiles, MeasuresOncePerDtypeAndHeadDimAndCaches) {
   EXPECT_TRUE(m.Measured().empty());
   auto a = m.Compute(DType::kFloat32, 64);
   ASSERT_TRUE(a.ok()) << a.status();
+  std::printf("forward %.3g FLOP/s, backward / forward %.3g\n", a->forward_flops,
+              a->backward_factor);
   // A CPU core runs attention at 0.1 to 1000 GFLOP/s; backward costs more
-  // than forward.
+  // than forward (forward and backward timed in alternating pairs, so that
+  // other processes taking the cores slow both alike).
   EXPECT_GT(a->forward_flops, 1e8);
   EXPECT_LT(a->forward_flops, 1e12);
   EXPECT_GT(a->backward_factor, 1.0);
