@@ -120,15 +120,13 @@ bool IsUnixSocketCall(const grpc::ServerContext& context) {
   return absl::StartsWith(context.peer(), "unix:");
 }
 
-absl::Status CheckBearerToken(const grpc::ServerContext& context, absl::string_view expected) {
-  const auto& md = context.client_metadata();
-  auto it = md.find(kAuthorizationHeader);
-  if (it == md.end()) {
+absl::Status CheckBearerHeader(const absl::string_view* header, absl::string_view expected) {
+  if (header == nullptr) {
     return absl::UnauthenticatedError(
         "a TCP call to hsapd needs the metadata 'authorization: Bearer <token>' (the token of "
         "--token_file); none was sent");
   }
-  absl::string_view value(it->second.data(), it->second.size());
+  absl::string_view value = *header;
   if (!absl::ConsumePrefix(&value, kBearerPrefix)) {
     return absl::UnauthenticatedError(
         "the authorization metadata is not of the form 'Bearer <token>'");
@@ -137,6 +135,14 @@ absl::Status CheckBearerToken(const grpc::ServerContext& context, absl::string_v
     return absl::UnauthenticatedError("the bearer token does not match this daemon's --token_file");
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckBearerToken(const grpc::ServerContext& context, absl::string_view expected) {
+  const auto& md = context.client_metadata();
+  auto it = md.find(kAuthorizationHeader);
+  if (it == md.end()) return CheckBearerHeader(nullptr, expected);
+  const absl::string_view value(it->second.data(), it->second.size());
+  return CheckBearerHeader(&value, expected);
 }
 
 std::shared_ptr<grpc::Channel> CreateChannelWithToken(const std::string& target,

@@ -45,6 +45,13 @@ bool TokensEqual(absl::string_view given, absl::string_view expected);
 // True when the call came over a Unix socket (gRPC peer "unix:...").
 bool IsUnixSocketCall(const grpc::ServerContext& context);
 
+// OK when `header`, the value of the call's `authorization` metadata
+// (nullptr: none was sent), is `Bearer <expected>`; otherwise
+// UNAUTHENTICATED saying what was missing (never the token). Shared by the
+// handlers' check below and the TCP listener's gate (server/grpc/tcp_gate.h).
+// REQUIRES: !expected.empty().
+absl::Status CheckBearerHeader(const absl::string_view* header, absl::string_view expected);
+
 // OK when the call's metadata holds `authorization: Bearer <expected>`;
 // otherwise UNAUTHENTICATED saying what was missing (never the token).
 // REQUIRES: !expected.empty().

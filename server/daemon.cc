@@ -20,6 +20,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "server/cluster/node_address.h"
+#include "server/grpc/tcp_gate.h"
 #include "server/plan/cost_model.h"
 #include "server/viewer/plans_http.h"
 
@@ -377,9 +378,12 @@ absl::StatusOr<int> Daemon::StartServices() {
   int bound_tcp = 0;
   if (options_.tcp_port > 0) {
     grpc::ServerBuilder tcp;
-    tcp.AddListeningPort(absl::StrCat(options_.tcp_host, ":", options_.tcp_port),
-                         tls_ != nullptr ? tls_->ServerCredentials()
-                                         : grpc::InsecureServerCredentials(),
+    // Without TLS, a token gates every call at its headers (tcp_gate.h).
+    std::shared_ptr<grpc::ServerCredentials> credentials =
+        tls_ != nullptr                   ? tls_->ServerCredentials()
+        : !options_.tcp_token.empty()     ? TokenGatedInsecureCredentials(options_.tcp_token)
+                                          : grpc::InsecureServerCredentials();
+    tcp.AddListeningPort(absl::StrCat(options_.tcp_host, ":", options_.tcp_port), credentials,
                          &bound_tcp);
     tcp.SetMaxReceiveMessageSize(kMaxTcpMessageBytes);
     grpc::ResourceQuota quota("hsapd-tcp");

@@ -9,10 +9,13 @@
 //
 // Why a check in each handler and not a server interceptor: gRPC C++ (1.51)
 // server interceptors cannot end a call — there is no server-side Hijack and
-// the handler runs whatever the interceptor does (grpc/grpc#24017) — and an
-// AuthMetadataProcessor needs secure (TLS) credentials. tests/integration/
-// tcp_auth_test.cc calls every method of every hsap.v1 service over TCP
-// without the token, so a new handler that forgets the check fails a test.
+// the handler runs whatever the interceptor does (grpc/grpc#24017).
+// tests/integration/tcp_auth_test.cc calls every method of every hsap.v1
+// service over TCP without the token, so a new handler that forgets the
+// check fails a test. Without TLS the listener's gate (tcp_gate.h) refuses
+// the same calls earlier, at their headers, so that a refused caller's
+// body is never read; this check stays for TLS listeners and as the
+// handlers' own guarantee.
 //
 //   HSAP_ASSIGN_OR_RETURN_GRPC(Caller caller, AuthorizeCall(*context, token));
 #ifndef HSAP_SERVER_GRPC_TCP_AUTH_H_
