@@ -137,6 +137,13 @@ absl::Status CheckBearerHeader(const absl::string_view* header, absl::string_vie
   return absl::OkStatus();
 }
 
+absl::Status PeersNeedCredentialsError(absl::string_view self) {
+  return absl::UnauthenticatedError(absl::StrCat(
+      "hsapd ", self, " takes no peer calls over TCP: it has neither mutual TLS (--tls_cert, "
+      "--tls_key, --tls_ca) nor a token (--token_file); start it with --insecure_peers to "
+      "accept unauthenticated peers on a trusted network"));
+}
+
 absl::Status CheckBearerToken(const grpc::ServerContext& context, absl::string_view expected) {
   const auto& md = context.client_metadata();
   auto it = md.find(kAuthorizationHeader);

@@ -52,6 +52,11 @@ bool IsUnixSocketCall(const grpc::ServerContext& context);
 // REQUIRES: !expected.empty().
 absl::Status CheckBearerHeader(const absl::string_view* header, absl::string_view expected);
 
+// The refusal of a peer call by a daemon whose TCP port has neither mutual
+// TLS nor a token and was not started with --insecure_peers; `self` is its
+// advertised address. Given by the listener's gate and the Peer handlers.
+absl::Status PeersNeedCredentialsError(absl::string_view self);
+
 // OK when the call's metadata holds `authorization: Bearer <expected>`;
 // otherwise UNAUTHENTICATED saying what was missing (never the token).
 // REQUIRES: !expected.empty().

@@ -378,11 +378,20 @@ absl::StatusOr<int> Daemon::StartServices() {
   int bound_tcp = 0;
   if (options_.tcp_port > 0) {
     grpc::ServerBuilder tcp;
-    // Without TLS, a token gates every call at its headers (tcp_gate.h).
-    std::shared_ptr<grpc::ServerCredentials> credentials =
-        tls_ != nullptr                   ? tls_->ServerCredentials()
-        : !options_.tcp_token.empty()     ? TokenGatedInsecureCredentials(options_.tcp_token)
-                                          : grpc::InsecureServerCredentials();
+    // Calls without the credentials their handler needs are refused at
+    // their headers, before their bodies are read (tcp_gate.h).
+    TcpGatePolicy gate;
+    gate.token = options_.tcp_token;
+    gate.tls = tls_ != nullptr;
+    gate.insecure_peers = options_.insecure_peers;
+    gate.self = options_.advertise_address;
+    std::shared_ptr<grpc::ServerCredentials> credentials;
+    if (tls_ != nullptr) {
+      credentials = tls_->ServerCredentials();
+      GateTlsCredentials(*credentials, std::move(gate));
+    } else {
+      credentials = GatedInsecureCredentials(std::move(gate));
+    }
     tcp.AddListeningPort(absl::StrCat(options_.tcp_host, ":", options_.tcp_port), credentials,
                          &bound_tcp);
     tcp.SetMaxReceiveMessageSize(kMaxTcpMessageBytes);

@@ -456,10 +456,7 @@ absl::StatusOr<PeerCaller> Cluster::AuthorizePeerCall(const grpc::ServerContext&
   } else if (insecure) {
     return caller;
   } else {
-    refused = absl::UnauthenticatedError(absl::StrCat(
-        "hsapd ", self, " takes no peer calls over TCP: it has neither mutual TLS (--tls_cert, "
-        "--tls_key, --tls_ca) nor a token (--token_file); start it with --insecure_peers to "
-        "accept unauthenticated peers on a trusted network"));
+    refused = PeersNeedCredentialsError(self);
   }
   HSAP_LOG(WARNING) << "refused a peer call from " << caller.transport << ": " << refused.message();
   return refused;

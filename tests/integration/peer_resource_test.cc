@@ -10,6 +10,8 @@
 //    (the issue asks for 64; without the gate, behind only the memory
 //    quota, it grew by 24-83 MiB). A 1 MiB probe without the token is
 //    UNAUTHENTICATED and a 3 MiB one with it is served, before and after.
+//    The same flood at a daemon with neither TLS nor a token nor
+//    --insecure_peers, which takes no peer calls: the same bounds.
 //  * The open-file limit: under RLIMIT_NOFILE = 256 hsapd caps its sessions
 //    at 44; the 45th is RESOURCE_EXHAUSTED naming --max_sessions, the
 //    daemon's fds stay below the reserve kept for gRPC, and health answers
@@ -169,25 +171,13 @@ class PeerResourceTest : public ::testing::Test {
 // ---------------------------------------------------------------------------
 // (a) 12 concurrent 60 MiB probes without the token.
 
-TEST_F(PeerResourceTest, AnUnauthenticatedFloodCostsLittleAndIsRefused) {
-  const int port = FreePort();
-  auto d = Start({absl::StrCat("--port=", port), "--token_file=" + TokenFile(),
-                  "--ucx_transports=tcp"});
-  ASSERT_NE(d, nullptr);
-  const std::string tcp = absl::StrCat("127.0.0.1:", port);
-  // The TCP listener answers, and both checks on it are live: a small probe
-  // without the token reaches the handler and is UNAUTHENTICATED; with the
-  // token it is served.
-  ExpectServing(OwnChannel(tcp), "TCP health before");
-  {
-    const grpc::Status none = Probe(OwnChannel(tcp), 1 << 20);
-    EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED) << none.error_message();
-    EXPECT_THAT(none.error_message(), HasSubstr("authorization: Bearer"));
-    const grpc::Status with = Probe(OwnChannel(tcp, kToken), 3 << 20);
-    EXPECT_TRUE(with.ok()) << with.error_code() << " " << with.error_message();
-  }
-  const int64_t rss_before = StatusKiB(d->pid(), "VmRSS:");
-  const int64_t hwm_before = StatusKiB(d->pid(), "VmHWM:");
+// 12 clients at once, each a 60 MiB Peer.ProbeLink without credentials, to
+// the daemon `pid` listening on `tcp`; every call must be UNAUTHENTICATED
+// with a message holding `says`, and the daemon's peak RSS must grow by
+// less than 16 MiB. Prints the codes, the refusal times and the RSS.
+void ExpectFloodRefusedCheaply(pid_t pid, const std::string& tcp, const std::string& says) {
+  const int64_t rss_before = StatusKiB(pid, "VmRSS:");
+  const int64_t hwm_before = StatusKiB(pid, "VmHWM:");
   ASSERT_GT(hwm_before, 0);
 
   constexpr int kClients = 12;
@@ -207,7 +197,7 @@ TEST_F(PeerResourceTest, AnUnauthenticatedFloodCostsLittleAndIsRefused) {
   int64_t rss_peak = rss_before;
   std::thread sampler([&] {
     while (sampling) {
-      rss_peak = std::max(rss_peak, StatusKiB(d->pid(), "VmRSS:"));
+      rss_peak = std::max(rss_peak, StatusKiB(pid, "VmRSS:"));
       absl::SleepFor(absl::Milliseconds(2));
     }
   });
@@ -229,8 +219,8 @@ TEST_F(PeerResourceTest, AnUnauthenticatedFloodCostsLittleAndIsRefused) {
   absl::SleepFor(absl::Milliseconds(100));
   sampling = false;
   sampler.join();
-  const int64_t hwm_after = StatusKiB(d->pid(), "VmHWM:");
-  const int64_t rss_after = StatusKiB(d->pid(), "VmRSS:");
+  const int64_t hwm_after = StatusKiB(pid, "VmHWM:");
+  const int64_t rss_after = StatusKiB(pid, "VmRSS:");
 
   std::map<int, int> codes;
   std::map<int, std::string> messages;  // the first message of each code
@@ -244,7 +234,7 @@ TEST_F(PeerResourceTest, AnUnauthenticatedFloodCostsLittleAndIsRefused) {
   }
   std::vector<double> sorted = seconds;
   std::sort(sorted.begin(), sorted.end());
-  std::printf("unauthenticated flood: %d x %zu MiB ProbeLink without the token: %s\n", kClients,
+  std::printf("unauthenticated flood: %d x %zu MiB ProbeLink without credentials: %s\n", kClients,
               kPayload >> 20, absl::StrJoin(seen, ", ").c_str());
   std::printf("  refusal times: min %.3f s, median %.3f s, max %.3f s; all %d in %.3f s\n",
               sorted.front(), sorted[kClients / 2], sorted.back(), kClients, all_seconds);
@@ -258,7 +248,7 @@ TEST_F(PeerResourceTest, AnUnauthenticatedFloodCostsLittleAndIsRefused) {
     const grpc::Status& s = statuses[i];
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
         << "client " << i << ": " << s.error_message();
-    EXPECT_THAT(s.error_message(), HasSubstr("authorization: Bearer")) << "client " << i;
+    EXPECT_THAT(s.error_message(), HasSubstr(says)) << "client " << i;
     EXPECT_LT(seconds[i], 10.0) << "client " << i;
   }
   // A few connections' buffers at most. Without the gate (a 16 MiB memory
@@ -268,6 +258,25 @@ TEST_F(PeerResourceTest, AnUnauthenticatedFloodCostsLittleAndIsRefused) {
   EXPECT_LT(hwm_after - hwm_before, 16 * 1024) << "peak RSS grew by " << (hwm_after - hwm_before)
                                                << " KiB";
   EXPECT_LT(rss_peak - rss_before, 16 * 1024);
+}
+
+TEST_F(PeerResourceTest, AnUnauthenticatedFloodCostsLittleAndIsRefused) {
+  const int port = FreePort();
+  auto d = Start({absl::StrCat("--port=", port), "--token_file=" + TokenFile(),
+                  "--ucx_transports=tcp"});
+  ASSERT_NE(d, nullptr);
+  const std::string tcp = absl::StrCat("127.0.0.1:", port);
+  // The TCP listener answers, and the check on it is live: a small probe
+  // without the token is UNAUTHENTICATED; with the token it is served.
+  ExpectServing(OwnChannel(tcp), "TCP health before");
+  {
+    const grpc::Status none = Probe(OwnChannel(tcp), 1 << 20);
+    EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED) << none.error_message();
+    EXPECT_THAT(none.error_message(), HasSubstr("authorization: Bearer"));
+    const grpc::Status with = Probe(OwnChannel(tcp, kToken), 3 << 20);
+    EXPECT_TRUE(with.ok()) << with.error_code() << " " << with.error_message();
+  }
+  ExpectFloodRefusedCheaply(d->pid(), tcp, "authorization: Bearer");
 
   // Afterwards: health on a new connection, an authenticated peer call,
   // and a correct group call.
@@ -275,6 +284,19 @@ TEST_F(PeerResourceTest, AnUnauthenticatedFloodCostsLittleAndIsRefused) {
   const grpc::Status with = Probe(OwnChannel(tcp, kToken), 3 << 20);
   EXPECT_TRUE(with.ok()) << with.error_code() << " " << with.error_message();
   ExpectCorrectCall(d->socket(), "after-flood", 1);
+}
+
+// Neither TLS nor a token nor --insecure_peers: the port refuses every peer
+// call, at its headers too; operator calls (here health) stay open.
+TEST_F(PeerResourceTest, APeerFloodAtADaemonThatTakesNoPeersCostsLittle) {
+  const int port = FreePort();
+  auto d = Start({absl::StrCat("--port=", port), "--ucx_transports=tcp"});
+  ASSERT_NE(d, nullptr);
+  const std::string tcp = absl::StrCat("127.0.0.1:", port);
+  ExpectServing(OwnChannel(tcp), "TCP health before");
+  ExpectFloodRefusedCheaply(d->pid(), tcp, "takes no peer calls over TCP");
+  ExpectServing(OwnChannel(tcp), "TCP health after the flood");
+  ExpectCorrectCall(d->socket(), "after-peer-flood", 2);
 }
 
 // ---------------------------------------------------------------------------

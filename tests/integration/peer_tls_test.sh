@@ -5,6 +5,9 @@
 #  1. two daemons over mutual TLS (static peers, a token for operators):
 #     the demo's group of 4 ranks runs every strategy forward + backward
 #     and matches the float64 reference (CHECK PASSED);
+#     a caller without a client certificate is refused at the headers
+#     (an 8 MiB peer call UNAUTHENTICATED, not RESOURCE_EXHAUSTED), health
+#     stays open to it, and a certificate's 1 MiB probe is served;
 #  2. the token never crosses the wire in clear: a stand-in peer
 #     (peer_wire_listener.py) records what a daemon sends it. With a token
 #     and no TLS its Peer calls carry `authorization: Bearer <token>` in
@@ -85,6 +88,59 @@ if timeout 240 "$demo" --sockets="$work/n0.sock,$work/n1.sock" --devices_per_nod
 else
   fail "demo over mutual TLS"; tail -20 "$work/demo.out"; tail -20 "$work/n0.log"
 fi
+# A caller without a client certificate: its peer call is refused at the
+# headers (server/grpc/tcp_gate.h), so an 8 MiB body, twice the listener's
+# message limit, comes back UNAUTHENTICATED, not RESOURCE_EXHAUSTED; health
+# stays open; with daemon a's certificate a 1 MiB probe is served.
+if /usr/bin/python3 - "$work" "$p0" <<'EOF'
+import sys
+import grpc
+work, port = sys.argv[1], sys.argv[2]
+ca = open(f"{work}/ca1/ca.pem", "rb").read()
+def probe(creds, size):
+    # ProbeLinkRequest.payload: field 1, bytes (tag 0x0a, varint length).
+    n, varint = size, bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        varint.append(b | (0x80 if n else 0))
+        if not n:
+            break
+    body = b"\x0a" + bytes(varint) + b"p" * size
+    with grpc.secure_channel(f"127.0.0.1:{port}", creds,
+                             options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+        try:
+            ch.unary_unary("/hsap.v1.Peer/ProbeLink")(body, timeout=10)
+            return grpc.StatusCode.OK, ""
+        except grpc.RpcError as e:
+            return e.code(), e.details()
+bad = 0
+no_cert = grpc.ssl_channel_credentials(root_certificates=ca)
+code, details = probe(no_cert, 8 << 20)
+if (code == grpc.StatusCode.UNAUTHENTICATED and
+        details.startswith("the peer call presented no client certificate")):
+    print(f"ok: no client certificate, 8 MiB probe: {code.name} at the headers ({details[:60]}...)")
+else:
+    print(f"FAIL: no client certificate, 8 MiB probe: {code} {details}")
+    bad = 1
+try:
+    with grpc.secure_channel(f"127.0.0.1:{port}", no_cert) as ch:
+        ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
+    print("ok: no client certificate: health answers")
+except grpc.RpcError as e:
+    print(f"FAIL: no client certificate: health {e.code()} {e.details()}")
+    bad = 1
+with_cert = grpc.ssl_channel_credentials(
+    root_certificates=ca, private_key=open(f"{work}/ca1/a.key", "rb").read(),
+    certificate_chain=open(f"{work}/ca1/a.pem", "rb").read())
+code, details = probe(with_cert, 1 << 20)
+if code == grpc.StatusCode.OK:
+    print("ok: with daemon a's certificate a 1 MiB probe is served")
+else:
+    print(f"FAIL: with daemon a's certificate: {code} {details}")
+    bad = 1
+sys.exit(bad)
+EOF
+then :; else fail "TLS gate"; fi
 grep -q "(mutual TLS, token for operators)" "$work/n0.log" &&
   ok "start-up line: $(grep -o 'tcp 127.0.0.1:[0-9]* (mutual TLS[^)]*)' "$work/n0.log")" ||
   fail "the start-up line does not say mutual TLS"
