@@ -10,11 +10,18 @@
 # error, and the last line says CHECK PASSED or CHECK FAILED. Everything it
 # started is stopped on exit, on failure and on ctrl-C.
 # Extra arguments go to hsap_demo (e.g. --tokens=8192 --packs=3).
+# HSAP_DEMO_BIN=<dir> runs <dir>/server/hsapd and <dir>/client/demo/hsap_demo
+# instead of building (another commit's binaries, for a before/after run:
+# scripts/demo_before_after.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/install_deps.sh
-bazel build //server:hsapd //client/demo:hsap_demo
+BIN=${HSAP_DEMO_BIN:-}
+if [ -z "$BIN" ]; then
+  bash scripts/install_deps.sh
+  bazel build //server:hsapd //client/demo:hsap_demo
+  BIN=bazel-bin
+fi
 
 NODES=2
 DEVICES=2
@@ -50,7 +57,7 @@ PEERS=${PEERS%,}
 SOCKETS=()
 for ((n = 0; n < NODES; n++)); do
   SOCKETS+=("$WORK/node$n.sock")
-  bazel-bin/server/hsapd --socket="$WORK/node$n.sock" --devices=cpu:$DEVICES \
+  "$BIN/server/hsapd" --socket="$WORK/node$n.sock" --devices=cpu:$DEVICES \
     --port="${PORTS[$n]}" --peers="$PEERS" --node_rank=$n --ucx_transports=tcp --insecure_peers \
     --cpu_threads=1 --drain_timeout_s=3 >"$WORK/node$n.log" 2>&1 &
   DAEMONS+=($!)
@@ -68,7 +75,7 @@ status=0
 start=$SECONDS
 # In the background and waited for, so that a signal to this script runs
 # the cleanup at once.
-bazel-bin/client/demo/hsap_demo --sockets="$(IFS=,; echo "${SOCKETS[*]}")" \
+"$BIN/client/demo/hsap_demo" --sockets="$(IFS=,; echo "${SOCKETS[*]}")" \
   --devices_per_node=$DEVICES --results_dir="$WORK" "$@" &
 DEMO=$!
 wait "$DEMO" || status=$?

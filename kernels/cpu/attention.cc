@@ -34,7 +34,7 @@
 #include <limits>
 #include <vector>
 
-#include "hwy/aligned_allocator.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/task_waves.h"
 #include "kernels/cpu/tile_kernels.h"
 
@@ -47,6 +47,8 @@ using internal::Batch;
 using internal::MakeBatches;
 using internal::PackBatch;
 using internal::RunParallel;
+using internal::Scratch;
+using internal::ScratchPtr;
 using internal::Segment;
 using internal::Task;
 using internal::WaveRunner;
@@ -68,22 +70,6 @@ constexpr int64_t kPackKeys = 8192;
 constexpr int64_t kPackRows = 4096;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// A call's scratch, left uninitialized: the tiles overwrite every element
-// they hand on (a tile that sees nothing writes nothing and is not merged),
-// and a zeroed std::vector cost the calling thread a serial memset and a
-// page fault per fresh page while the pool waited (at T = 16K, D = 128 on
-// the 2-core VM, about a quarter of a bf16 call; docs/results/kernel_bench.md).
-// Sanitized builds fill it with NaN, so that a read of an element no tile
-// wrote shows in the results (the ASan stage runs the kernel and numerics
-// suites).
-hwy::AlignedFreeUniquePtr<float[]> Scratch(size_t n) {
-  auto p = hwy::AllocateAligned<float>(std::max<size_t>(n, 1));
-#if defined(ADDRESS_SANITIZER) || defined(THREAD_SANITIZER)
-  std::fill(p.get(), p.get() + n, std::numeric_limits<float>::quiet_NaN());
-#endif
-  return p;
-}
 
 // p[0, n) = value over the pool: an accumulator's fresh pages are first
 // touched (faulted in and zeroed) by every thread, not the caller alone.
@@ -609,7 +595,7 @@ void VarlenForward(const AttentionShape& shape, const void* q, const void* k, co
   const int Hq = shape.num_heads_q, Hkv = shape.num_heads_kv, D = shape.head_dim;
   const int64_t q_row = int64_t{Hq} * D, kv_row = int64_t{Hkv} * D;
   // fp32 output is its own accumulator.
-  hwy::AlignedFreeUniquePtr<float[]> o_storage;
+  ScratchPtr o_storage;
   float* o_acc = static_cast<float*>(o);
   if (shape.dtype != DType::kFloat32) {
     o_storage = Scratch(static_cast<size_t>(num_q * q_row));
@@ -647,8 +633,8 @@ void VarlenBackward(const AttentionShape& shape, const void* q, const void* k, c
   const auto delta = Scratch(static_cast<size_t>(int64_t{Hq} * num_q));  // every entry written
   ComputeDelta(shape, o, dout, num_q, delta.get(), num_q, pool);
   const bool fp32 = shape.dtype == DType::kFloat32;
-  hwy::AlignedFreeUniquePtr<float[]> dq_storage, dk_storage, dv_storage;
-  auto accumulator = [&](void* out, int64_t n, hwy::AlignedFreeUniquePtr<float[]>* storage) {
+  ScratchPtr dq_storage, dk_storage, dv_storage;
+  auto accumulator = [&](void* out, int64_t n, ScratchPtr* storage) {
     float* acc = static_cast<float*>(out);
     if (!fp32) {
       *storage = Scratch(static_cast<size_t>(n));

@@ -1,0 +1,109 @@
+#include "kernels/cpu/scratch.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <deque>
+#include <limits>
+#include <new>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace hsap::kernels::cpu::internal {
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+float* AllocateFloats(size_t n) {
+  const size_t bytes = (n * sizeof(float) + kAlignment - 1) / kAlignment * kAlignment;
+  return static_cast<float*>(std::aligned_alloc(kAlignment, bytes));
+}
+
+// Free blocks, oldest first.
+class Cache {
+ public:
+  // A free block of at least n floats and at most twice that (a larger one
+  // would hold memory the call does not use); the smallest such. Null when
+  // none.
+  float* Take(size_t n, size_t* capacity) {
+    absl::MutexLock lock(&mu_);
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->first >= n && it->first / 2 <= n &&
+          (best == free_.end() || it->first < best->first)) {
+        best = it;
+      }
+    }
+    if (best == free_.end()) return nullptr;
+    float* p = best->second;
+    *capacity = best->first;
+    cached_bytes_ -= best->first * sizeof(float);
+    free_.erase(best);
+    return p;
+  }
+
+  void Give(float* p, size_t capacity) {
+    std::deque<std::pair<size_t, float*>> evicted;
+    {
+      absl::MutexLock lock(&mu_);
+      free_.emplace_back(capacity, p);
+      cached_bytes_ += capacity * sizeof(float);
+      while (cached_bytes_ > kCachedScratchBytes) {
+        cached_bytes_ -= free_.front().first * sizeof(float);
+        evicted.push_back(free_.front());
+        free_.pop_front();
+      }
+    }
+    for (const auto& [c, q] : evicted) std::free(q);
+  }
+
+  size_t cached_bytes() {
+    absl::MutexLock lock(&mu_);
+    return cached_bytes_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::pair<size_t, float*>> free_ ABSL_GUARDED_BY(mu_);
+  size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+Cache& TheCache() {
+  static Cache* cache = new Cache;  // never destroyed: calls may end at exit
+  return *cache;
+}
+
+}  // namespace
+
+void ScratchDeleter::operator()(float* p) const {
+  if (p == nullptr) return;
+  if (kScratchCacheEnabled && capacity * sizeof(float) >= kMinCachedScratchBytes &&
+      capacity * sizeof(float) <= kCachedScratchBytes) {
+    TheCache().Give(p, capacity);
+  } else {
+    std::free(p);
+  }
+}
+
+ScratchPtr Scratch(size_t n) {
+  n = std::max<size_t>(n, 1);
+  size_t capacity = n;
+  float* p = nullptr;
+  if (kScratchCacheEnabled && n * sizeof(float) >= kMinCachedScratchBytes) {
+    p = TheCache().Take(n, &capacity);
+  }
+  if (p == nullptr) {
+    p = AllocateFloats(n);
+    capacity = n;
+    if (p == nullptr) throw std::bad_alloc();
+  }
+#if defined(ADDRESS_SANITIZER) || defined(THREAD_SANITIZER)
+  std::fill(p, p + capacity, std::numeric_limits<float>::quiet_NaN());
+#endif
+  return ScratchPtr(p, ScratchDeleter{capacity});
+}
+
+size_t CachedScratchBytes() { return TheCache().cached_bytes(); }
+
+}  // namespace hsap::kernels::cpu::internal
