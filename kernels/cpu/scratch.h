@@ -7,7 +7,7 @@
 // suites).
 //
 // Blocks of 1 MiB and more are kept when a call ends, up to
-// kCachedScratchBytes in all, and handed to the next call that fits: a
+// kCachedScratchBytes (512 MiB) in all, and handed to the next call that fits: a
 // fresh block comes from mmap and faults its pages in one by one as the
 // tiles first touch them, which on the 2-core test VM cost a bf16 call at
 // T = 16K, D = 128 (whose fp32 accumulators are 64 MiB per tensor) about
@@ -32,7 +32,7 @@ inline constexpr bool kScratchCacheEnabled = false;
 inline constexpr bool kScratchCacheEnabled = true;
 #endif
 // Most bytes of free blocks the cache holds between calls.
-inline constexpr size_t kCachedScratchBytes = size_t{256} << 20;
+inline constexpr size_t kCachedScratchBytes = size_t{512} << 20;
 // Smaller blocks are not cached (malloc serves them from its heap).
 inline constexpr size_t kMinCachedScratchBytes = size_t{1} << 20;
 
