@@ -17,10 +17,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BIN=${HSAP_DEMO_BIN:-}
+PEER_FLAGS=(--insecure_peers)
 if [ -z "$BIN" ]; then
   bash scripts/install_deps.sh
   bazel build //server:hsapd //client/demo:hsap_demo
   BIN=bazel-bin
+else
+  HELP=$("$BIN/server/hsapd" --helpfull 2>&1 || true)
+  # Binaries from before the flag: their peers were open.
+  [[ $HELP == *-insecure_peers* ]] || PEER_FLAGS=()
 fi
 
 NODES=2
@@ -58,7 +63,7 @@ SOCKETS=()
 for ((n = 0; n < NODES; n++)); do
   SOCKETS+=("$WORK/node$n.sock")
   "$BIN/server/hsapd" --socket="$WORK/node$n.sock" --devices=cpu:$DEVICES \
-    --port="${PORTS[$n]}" --peers="$PEERS" --node_rank=$n --ucx_transports=tcp --insecure_peers \
+    --port="${PORTS[$n]}" --peers="$PEERS" --node_rank=$n --ucx_transports=tcp "${PEER_FLAGS[@]}" \
     --cpu_threads=1 --drain_timeout_s=3 >"$WORK/node$n.log" 2>&1 &
   DAEMONS+=($!)
   echo "demo: node $n: hsapd --devices=cpu:$DEVICES --port=${PORTS[$n]} --peers=$PEERS --node_rank=$n (pid $!)"
