@@ -598,7 +598,7 @@ void VarlenForward(const AttentionShape& shape, const void* q, const void* k, co
   ScratchPtr o_storage;
   float* o_acc = static_cast<float*>(o);
   if (shape.dtype != DType::kFloat32) {
-    o_storage = Scratch(static_cast<size_t>(num_q * q_row));
+    o_storage = Scratch(static_cast<size_t>(num_q * q_row), /*keep=*/true);
     o_acc = o_storage.get();
   }
   FillParallel(o_acc, num_q * q_row, 0.f, pool);
@@ -637,7 +637,7 @@ void VarlenBackward(const AttentionShape& shape, const void* q, const void* k, c
   auto accumulator = [&](void* out, int64_t n, ScratchPtr* storage) {
     float* acc = static_cast<float*>(out);
     if (!fp32) {
-      *storage = Scratch(static_cast<size_t>(n));
+      *storage = Scratch(static_cast<size_t>(n), /*keep=*/true);
       acc = storage->get();
     }
     FillParallel(acc, n, 0.f, pool);

@@ -1,7 +1,6 @@
 #include "kernels/cpu/scratch.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <deque>
 #include <limits>
 #include <new>
@@ -9,16 +8,19 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "hwy/aligned_allocator.h"
 
 namespace hsap::kernels::cpu::internal {
 namespace {
 
-constexpr size_t kAlignment = 64;
-
+// Highway's allocator (malloc underneath, aligned by offset), as the
+// kernels' scratch always used: hsapd's allocation pattern stays the one
+// tests/integration/load_test.cc checks for growth.
 float* AllocateFloats(size_t n) {
-  const size_t bytes = (n * sizeof(float) + kAlignment - 1) / kAlignment * kAlignment;
-  return static_cast<float*>(std::aligned_alloc(kAlignment, bytes));
+  return static_cast<float*>(hwy::AllocateAlignedBytes(n * sizeof(float), nullptr, nullptr));
 }
+
+void FreeFloats(float* p) { hwy::FreeAlignedBytes(p, nullptr, nullptr); }
 
 // Free blocks, oldest first.
 class Cache {
@@ -55,7 +57,7 @@ class Cache {
         free_.pop_front();
       }
     }
-    for (const auto& [c, q] : evicted) std::free(q);
+    for (const auto& [c, q] : evicted) FreeFloats(q);
   }
 
   size_t cached_bytes() {
@@ -78,19 +80,19 @@ Cache& TheCache() {
 
 void ScratchDeleter::operator()(float* p) const {
   if (p == nullptr) return;
-  if (kScratchCacheEnabled && capacity * sizeof(float) >= kMinCachedScratchBytes &&
+  if (keep && kScratchCacheEnabled && capacity * sizeof(float) >= kMinCachedScratchBytes &&
       capacity * sizeof(float) <= kCachedScratchBytes) {
     TheCache().Give(p, capacity);
   } else {
-    std::free(p);
+    FreeFloats(p);
   }
 }
 
-ScratchPtr Scratch(size_t n) {
+ScratchPtr Scratch(size_t n, bool keep) {
   n = std::max<size_t>(n, 1);
   size_t capacity = n;
   float* p = nullptr;
-  if (kScratchCacheEnabled && n * sizeof(float) >= kMinCachedScratchBytes) {
+  if (keep && kScratchCacheEnabled && n * sizeof(float) >= kMinCachedScratchBytes) {
     p = TheCache().Take(n, &capacity);
   }
   if (p == nullptr) {
@@ -101,7 +103,7 @@ ScratchPtr Scratch(size_t n) {
 #if defined(ADDRESS_SANITIZER) || defined(THREAD_SANITIZER)
   std::fill(p, p + capacity, std::numeric_limits<float>::quiet_NaN());
 #endif
-  return ScratchPtr(p, ScratchDeleter{capacity});
+  return ScratchPtr(p, ScratchDeleter{capacity, keep});
 }
 
 size_t CachedScratchBytes() { return TheCache().cached_bytes(); }

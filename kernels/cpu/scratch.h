@@ -6,16 +6,20 @@
 // wrote shows in the results (the ASan stage runs the kernel and numerics
 // suites).
 //
-// Blocks of 1 MiB and more are kept when a call ends, up to
-// kCachedScratchBytes (512 MiB) in all, and handed to the next call that fits: a
-// fresh block comes from mmap and faults its pages in one by one as the
-// tiles first touch them, which on the 2-core test VM cost a bf16 call at
-// T = 16K, D = 128 (whose fp32 accumulators are 64 MiB per tensor) about
-// a tenth of its time (docs/results/kernel_bench.md). PyTorch's caching
-// allocator and oneDNN's scratchpad keep memory for the same reason.
+// Blocks asked for with `keep` (the fp32 accumulators VarlenForward and
+// VarlenBackward allocate for a bf16/fp16 output, 64-128 MiB at T = 16K)
+// are kept when the call ends, up to kCachedScratchBytes (512 MiB) in all,
+// and handed to the next such call that fits: a fresh block comes from
+// mmap and faults its pages in one by one as the tiles first touch them,
+// which on the 2-core test VM cost a bf16 call at T = 16K a tenth to a
+// fifth of its time (docs/results/kernel_bench.md). Other scratch (packed
+// operands, wave slots: a few MiB) is freed at once: with every block
+// cached, a daemon serving calls of many sizes grew by 10-14 % over
+// tests/integration/load_test.cc (its bound: 10 %), and hsapd never calls
+// the Varlen functions. PyTorch's caching allocator keeps memory for the same reason.
 //
-//   ScratchPtr p = Scratch(n);   // n floats, 64-byte aligned
-//   ...                          // returned to the cache when p goes
+//   ScratchPtr p = Scratch(n);               // n floats, 64-byte aligned, freed
+//   ScratchPtr acc = Scratch(n, /*keep=*/true);  // returned to the cache
 #ifndef HSAP_KERNELS_CPU_SCRATCH_H_
 #define HSAP_KERNELS_CPU_SCRATCH_H_
 
@@ -38,12 +42,14 @@ inline constexpr size_t kMinCachedScratchBytes = size_t{1} << 20;
 
 struct ScratchDeleter {
   size_t capacity = 0;  // floats
+  bool keep = false;    // back to the cache
   void operator()(float* p) const;
 };
 using ScratchPtr = std::unique_ptr<float[], ScratchDeleter>;
 
-// n floats (at least one), uninitialized (NaN under a sanitizer).
-ScratchPtr Scratch(size_t n);
+// n floats (at least one), uninitialized (NaN under a sanitizer); with
+// `keep`, from and back to the cache.
+ScratchPtr Scratch(size_t n, bool keep = false);
 
 // Bytes of free blocks the cache holds now (tests).
 size_t CachedScratchBytes();

@@ -24,22 +24,28 @@ TEST(Scratch, ALargeBlockIsReusedByTheNextCallThatFits) {
   const size_t n = 8 * kMiB / sizeof(float);
   float* first;
   {
-    ScratchPtr p = Scratch(n);
+    ScratchPtr p = Scratch(n, /*keep=*/true);
     first = p.get();
   }
   EXPECT_GE(CachedScratchBytes(), 8 * kMiB);
   {
-    ScratchPtr q = Scratch(n - 1000);  // fits: the same block
+    ScratchPtr q = Scratch(n - 1000, true);  // fits: the same block
     EXPECT_EQ(q.get(), first);
-    ScratchPtr r = Scratch(n);  // the block is taken: a new one
+    ScratchPtr r = Scratch(n, true);  // the block is taken: a new one
     EXPECT_NE(r.get(), first);
   }
   {
     // Less than half the block: not handed out (it would hold memory the
     // call does not use).
-    ScratchPtr small = Scratch(2 * kMiB / sizeof(float));
+    ScratchPtr small = Scratch(2 * kMiB / sizeof(float), true);
     EXPECT_NE(small.get(), first);
   }
+}
+
+TEST(Scratch, OnlyKeptBlocksAreCached) {
+  const size_t before = CachedScratchBytes();
+  { ScratchPtr p = Scratch(16 * kMiB / sizeof(float)); }
+  EXPECT_EQ(CachedScratchBytes(), before);
 }
 
 TEST(Scratch, TheCacheHoldsAtMostItsBound) {
@@ -47,7 +53,8 @@ TEST(Scratch, TheCacheHoldsAtMostItsBound) {
   const size_t block = kCachedScratchBytes / 4;
   const size_t n = block / sizeof(float);
   {
-    ScratchPtr a = Scratch(n), b = Scratch(n), c = Scratch(n), d = Scratch(n), e = Scratch(n);
+    ScratchPtr a = Scratch(n, true), b = Scratch(n, true), c = Scratch(n, true),
+               d = Scratch(n, true), e = Scratch(n, true);
   }
   EXPECT_LE(CachedScratchBytes(), kCachedScratchBytes);
   EXPECT_GE(CachedScratchBytes(), kCachedScratchBytes - block);
