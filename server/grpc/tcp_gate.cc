@@ -31,23 +31,32 @@ absl::string_view View(const grpc_slice& s) {
                            GRPC_SLICE_LENGTH(s));
 }
 
+// What the gate reads of a call's initial metadata.
+struct CallHeaders {
+  absl::string_view path;
+  std::optional<absl::string_view> authorization;  // the first one sent
+
+  void See(absl::string_view key, absl::string_view value) {
+    if (key == kPathKey) {
+      path = value;
+    } else if (key == kAuthorizationHeader && !authorization.has_value()) {
+      authorization = value;
+    }
+  }
+  absl::Status Decide(const TcpGatePolicy& policy, bool has_client_certificate) const {
+    return TcpGateDecision(policy, path, authorization.has_value() ? &*authorization : nullptr,
+                           has_client_certificate);
+  }
+};
+
 // The core's processor over plain TCP; `state` is the policy, freed by
 // Destroy when the listener's credentials go.
 void ProcessInsecure(void* state, grpc_auth_context* /*context*/, const grpc_metadata* md,
                      size_t num_md, grpc_process_auth_metadata_done_cb done, void* user_data) {
   const TcpGatePolicy& policy = *static_cast<const TcpGatePolicy*>(state);
-  absl::string_view path;
-  std::optional<absl::string_view> authorization;
-  for (size_t i = 0; i < num_md; ++i) {
-    const absl::string_view key = View(md[i].key);
-    if (key == kPathKey) {
-      path = View(md[i].value);
-    } else if (key == kAuthorizationHeader && !authorization.has_value()) {
-      authorization = View(md[i].value);
-    }
-  }
-  const absl::Status decision = TcpGateDecision(
-      policy, path, authorization.has_value() ? &*authorization : nullptr, false);
+  CallHeaders headers;
+  for (size_t i = 0; i < num_md; ++i) headers.See(View(md[i].key), View(md[i].value));
+  const absl::Status decision = headers.Decide(policy, /*has_client_certificate=*/false);
   // Nothing consumed: the handlers check the same metadata again.
   if (decision.ok()) {
     done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
@@ -91,20 +100,14 @@ class TlsGate final : public grpc::AuthMetadataProcessor {
 
   grpc::Status Process(const InputMetadata& md, grpc::AuthContext* context,
                        OutputMetadata* /*consumed*/, OutputMetadata* /*response*/) override {
-    absl::string_view path;
-    std::optional<absl::string_view> authorization;
+    CallHeaders headers;
     for (const auto& [key, value] : md) {
-      const absl::string_view k(key.data(), key.size());
-      if (k == kPathKey) {
-        path = absl::string_view(value.data(), value.size());
-      } else if (k == kAuthorizationHeader && !authorization.has_value()) {
-        authorization = absl::string_view(value.data(), value.size());
-      }
+      headers.See(absl::string_view(key.data(), key.size()),
+                  absl::string_view(value.data(), value.size()));
     }
     const bool certificate =
         context != nullptr && !context->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME).empty();
-    const absl::Status decision = TcpGateDecision(
-        policy_, path, authorization.has_value() ? &*authorization : nullptr, certificate);
+    const absl::Status decision = headers.Decide(policy_, certificate);
     if (decision.ok()) return grpc::Status::OK;
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(decision.message()));
   }
