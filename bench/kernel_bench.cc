@@ -6,7 +6,13 @@
 // hwy::SetSupportedTargetsForTest, as attention_test does):
 //  * FMA peak: every thread runs independent chains of vector FMAs (more
 //    chains than latency x issue width, so the FMA units never wait), the
-//    best of many short trials: the machine's limit at that vector width.
+//    best of several 20 ms trials: the machine's limit at that vector width.
+//    Measured at the start of each target (best of 15: the "run peak") and
+//    beside every shape (best of 3 before each forward and each backward
+//    repetition, the median of those: the "peak near" it). Each kernel is
+//    reported against the peak near it: on the shared test VM the same
+//    FMA loop reads 421-453 GFLOP/s from one run to the next, and a share
+//    against a peak taken minutes earlier would measure that drift.
 //  * GEMM rate: fp32 C = A B at 1920^3, the larger of this file's own
 //    blocked Highway sgemm at that target and OpenBLAS (dlopen'ed after
 //    setting OPENBLAS_CORETYPE for the detected CPU: Debian's DYNAMIC_ARCH
@@ -22,12 +28,14 @@
 //    10 * area * Hq * D. Medians of --reps repetitions after one warm-up
 //    forward.
 //
-// Peak and GEMM are best-of figures, the kernels medians, so load from
+// Peaks and GEMM are best-of figures, the kernels medians, so load from
 // other work on the machine can only lower the shares. The load average is
-// printed at the start and the end. The last two lines are
+// printed at the start and the end. The last three lines are
 //   fwd_vs_gemm=<min> bwd_vs_gemm=<min>
+//   fwd_vs_run_peak=<min> bwd_vs_run_peak=<min>
 //   fwd_vs_peak=<min> bwd_vs_peak=<min>
-// the minimum over every shape and target measured.
+// the minimum over every shape and target measured, against the GEMM rate,
+// the run peak and the peak near each shape.
 //
 //   bazel run //bench:kernel_bench -- --threads=2 --reps=3
 //   bazel run //bench:kernel_bench -- --targets=AVX2 --dims=128 --dtypes=bf16
@@ -215,26 +223,34 @@ std::string LoadAverage() {
   return one.empty() ? "?" : one;
 }
 
-// The FMA peak of `pool`'s threads at the dispatched target, GFLOP/s: the
-// best of `trials` runs of about 20 ms. The work is cut in 16 pieces per
-// thread so that dynamic scheduling keeps every thread busy to the end.
-double FmaPeak(ThreadPool* pool, int threads, int trials) {
-  const int64_t pieces = 16 * int64_t{threads};
-  int64_t steps = 1 << 12;
-  // Calibrate: grow the piece until a trial takes 20 ms.
+// The FMA peak of `pool`'s threads at the dispatched target, GFLOP/s. The
+// work is cut in 16 pieces per thread so that dynamic scheduling keeps
+// every thread busy to the end; CalibrateFma picks the piece that takes
+// about 20 ms, FmaPeak returns the best of `trials` runs of it.
+struct FmaWork {
+  int64_t pieces = 0;
+  int64_t steps = 0;
+};
+
+FmaWork CalibrateFma(ThreadPool* pool, int threads) {
+  FmaWork w{16 * int64_t{threads}, 1 << 12};
   for (;;) {
     const double s = Seconds([&] {
-      pool->ParallelFor(pieces, [&](int64_t) { HWY_DYNAMIC_DISPATCH(FmaChains)(steps); });
+      pool->ParallelFor(w.pieces, [&](int64_t) { HWY_DYNAMIC_DISPATCH(FmaChains)(w.steps); });
     });
-    if (s > 0.02 || steps > (int64_t{1} << 30)) break;
-    steps *= 2;
+    if (s > 0.02 || w.steps > (int64_t{1} << 30)) break;
+    w.steps *= 2;
   }
-  const double flops = HWY_DYNAMIC_DISPATCH(FmaChainsStepFlops)() * steps * pieces;
+  return w;
+}
+
+double FmaPeak(ThreadPool* pool, const FmaWork& w, int trials) {
+  const double flops = HWY_DYNAMIC_DISPATCH(FmaChainsStepFlops)() * w.steps * w.pieces;
   double best = 0;
   volatile float sink = 0;
   for (int t = 0; t < trials; ++t) {
     const double s = Seconds([&] {
-      pool->ParallelFor(pieces, [&](int64_t) { sink = HWY_DYNAMIC_DISPATCH(FmaChains)(steps); });
+      pool->ParallelFor(w.pieces, [&](int64_t) { sink = HWY_DYNAMIC_DISPATCH(FmaChains)(w.steps); });
     });
     best = std::max(best, flops / s * 1e-9);
   }
@@ -413,12 +429,14 @@ struct Row {
   DType dtype;
   int hq, hkv, head_dim;
   double fwd, bwd;  // GFLOP/s, medians
-  double peak, gemm;
+  double peak;      // the FMA peak measured beside the shape's repetitions
+  double run_peak;  // the target's best-of-15 peak at the start of the run
+  double gemm;
 };
 
 // Forward and backward of one shape, medians of `reps`.
 Row MeasureShape(const Mask& mask, DType dtype, int hq, int hkv, int head_dim, int reps,
-                 ThreadPool* pool) {
+                 ThreadPool* pool, const FmaWork& fma) {
   AttentionShape shape{hq, hkv, head_dim, dtype,
                        1.f / std::sqrt(static_cast<float>(head_dim))};
   const int64_t T = mask.tokens;
@@ -442,9 +460,11 @@ Row MeasureShape(const Mask& mask, DType dtype, int hq, int hkv, int head_dim, i
   };
   forward();  // warm-up; also produces the O and LSE the backward reads
   const double unit = static_cast<double>(mask.area) * hq * head_dim * 1e-9;
-  std::vector<double> fwd, bwd;
+  std::vector<double> fwd, bwd, peaks;
   for (int r = 0; r < reps; ++r) {
+    peaks.push_back(FmaPeak(pool, fma, 3));
     fwd.push_back(4 * unit / Seconds(forward));
+    peaks.push_back(FmaPeak(pool, fma, 3));
     bwd.push_back(10 * unit / Seconds(backward));
   }
   Row row;
@@ -455,6 +475,7 @@ Row MeasureShape(const Mask& mask, DType dtype, int hq, int hkv, int head_dim, i
   row.head_dim = head_dim;
   row.fwd = Median(fwd);
   row.bwd = Median(bwd);
+  row.peak = Median(peaks);
   return row;
 }
 
@@ -520,7 +541,8 @@ int Main(int argc, char** argv) {
     const int64_t target = targets[ti];
     hwy::SetSupportedTargetsForTest(target);
     const std::string ran = kernels::cpu::internal::SimdTargetName();
-    const double peak = FmaPeak(&pool, opt.threads, 15);
+    const FmaWork fma = CalibrateFma(&pool, opt.threads);
+    const double peak = FmaPeak(&pool, fma, 15);
     gemm.OwnOnce();  // warm-up
     if (ti == 0) gemm.CheckAgreement();
     double own = 0;
@@ -533,25 +555,25 @@ int Main(int argc, char** argv) {
                 "GEMM 1920^3: own sgemm %.1f, OpenBLAS %.1f GFLOP/s\n",
                 hwy::TargetName(target), ran.c_str(), HWY_DYNAMIC_DISPATCH(FloatLanes)(), peak,
                 own, blas);
-    std::printf("%-6s %-8s %3s %3s %4s  %11s %11s  %8s %8s  %8s %8s\n", "mask", "dtype", "Hq",
+    std::printf("%-6s %-8s %3s %3s %4s  %11s %11s  %8s %8s  %8s %8s  %9s\n", "mask", "dtype", "Hq",
                 "Hkv", "D", "fwd GFLOP/s", "bwd GFLOP/s", "fwd/peak", "bwd/peak", "fwd/gemm",
-                "bwd/gemm");
+                "bwd/gemm", "peak near");
     for (const Mask& m : masks) {
       for (const std::string& dt : opt.dtypes) {
         DType dtype;
         if (!ParseDType(dt, &dtype)) Usage();
         for (int D : opt.dims) {
           for (const std::string& h : opt.heads) {
-            Row row = MeasureShape(m, dtype, 8, h == "mha" ? 8 : 2, D, opt.reps, &pool);
+            Row row = MeasureShape(m, dtype, 8, h == "mha" ? 8 : 2, D, opt.reps, &pool, fma);
             row.target = hwy::TargetName(target);
-            row.peak = peak;
+            row.run_peak = peak;
             blas_rates.push_back(gemm.BlasOnce());  // GEMM samples spread over the run
             blas = *std::max_element(blas_rates.begin(), blas_rates.end());
             row.gemm = std::max(own, blas);
-            std::printf("%-6s %-8s %3d %3d %4d  %11.1f %11.1f  %8.3f %8.3f  %8.3f %8.3f\n",
+            std::printf("%-6s %-8s %3d %3d %4d  %11.1f %11.1f  %8.3f %8.3f  %8.3f %8.3f  %9.1f\n",
                         row.mask.c_str(), std::string(DTypeName(row.dtype)).c_str(), row.hq,
-                        row.hkv, row.head_dim, row.fwd, row.bwd, row.fwd / peak, row.bwd / peak,
-                        row.fwd / row.gemm, row.bwd / row.gemm);
+                        row.hkv, row.head_dim, row.fwd, row.bwd, row.fwd / row.peak,
+                        row.bwd / row.peak, row.fwd / row.gemm, row.bwd / row.gemm, row.peak);
             std::fflush(stdout);
             rows.push_back(row);
           }
@@ -590,6 +612,10 @@ int Main(int argc, char** argv) {
               describe(*wb).c_str());
   std::printf("load average at the end: %s\n", LoadAverage().c_str());
   std::printf("fwd_vs_gemm=%.3f bwd_vs_gemm=%.3f\n", gf->fwd / gf->gemm, gb->bwd / gb->gemm);
+  const Row* rf = worst([](const Row& r) { return r.fwd / r.run_peak; });
+  const Row* rb = worst([](const Row& r) { return r.bwd / r.run_peak; });
+  std::printf("fwd_vs_run_peak=%.3f bwd_vs_run_peak=%.3f\n", rf->fwd / rf->run_peak,
+              rb->bwd / rb->run_peak);
   std::printf("fwd_vs_peak=%.3f bwd_vs_peak=%.3f\n", wf->fwd / wf->peak, wb->bwd / wb->peak);
   return 0;
 }
