@@ -549,10 +549,17 @@ void ComputeDelta(const AttentionShape& shape, const void* o, const void* dout,
     for (int64_t t = task * kTokensPerTask; t < t1; ++t) {
       for (int h = 0; h < Hq; ++h) {
         const int64_t first = (t * Hq + h) * static_cast<int64_t>(D);
-        internal::ConvertToFloat(o, shape.dtype, first, D, a.data());
-        internal::ConvertToFloat(dout, shape.dtype, first, D, b.data());
+        const float* x = a.data();
+        const float* y = b.data();
+        if (shape.dtype == DType::kFloat32) {  // in place: no copy per row
+          x = static_cast<const float*>(o) + first;
+          y = static_cast<const float*>(dout) + first;
+        } else {
+          internal::ConvertToFloat(o, shape.dtype, first, D, a.data());
+          internal::ConvertToFloat(dout, shape.dtype, first, D, b.data());
+        }
         float sum = 0.f;
-        for (int d = 0; d < D; ++d) sum += a[d] * b[d];
+        for (int d = 0; d < D; ++d) sum += x[d] * y[d];
         delta[h * lse_stride + t] = sum;
       }
     }
