@@ -76,6 +76,8 @@ TEST(MeasuredProfileTest, AStaticClusterPlansWithNodeZerosMeasurement) {
   for (const auto& n : s0->nodes()) {
     if (n.node_rank() == 1) link = n.link_bytes_per_s();
   }
+  std::printf("node 0's probe of node 1 over loopback gRPC: %.3g B/s, latency %.3g s\n", link,
+              parsed->inter_latency_s);
   EXPECT_GT(link, 1e6);  // loopback gRPC
   EXPECT_EQ(parsed->inter_bytes_per_s, link);
   for (const auto& n : s1->nodes()) EXPECT_EQ(n.link_bytes_per_s(), 0) << "node 1 probes nobody";
