@@ -746,6 +746,12 @@ bool BackwardTileImpl(const BwdTile& t) {
 
 const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
 
+// y[i] = Exp2(x[i]) for i < n, n a multiple of the lanes (exp2_test.cc).
+void Exp2Impl(const float* x, int64_t n, float* y) {
+  const DF d;
+  for (int64_t i = 0; i < n; i += hn::Lanes(d)) hn::StoreU(Exp2(d, hn::LoadU(d, x + i)), d, y + i);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace hsap::kernels::cpu::internal
 HWY_AFTER_NAMESPACE();
@@ -761,6 +767,7 @@ HWY_EXPORT(AddRowsImpl);
 HWY_EXPORT(PackedRowLengthImpl);
 HWY_EXPORT(PackRowsImpl);
 HWY_EXPORT(HasNonFiniteOrHugeImpl);
+HWY_EXPORT(Exp2Impl);
 
 int PackedRowLength(int head_dim) { return HWY_DYNAMIC_DISPATCH(PackedRowLengthImpl)(head_dim); }
 
@@ -790,6 +797,8 @@ void ConvertToFloat(const void* src, DType dtype, int64_t first, int64_t n, floa
 }
 
 const char* SimdTargetName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+
+void Exp2ForTest(const float* x, int64_t n, float* y) { HWY_DYNAMIC_DISPATCH(Exp2Impl)(x, n, y); }
 
 }  // namespace hsap::kernels::cpu::internal
 #endif  // HWY_ONCE

@@ -185,6 +185,10 @@ bool ExactBackwardTile(const ExactBwdTile& tile);
 // dst[i] = float(src[first + i]) for i < n.
 void ConvertToFloat(const void* src, DType dtype, int64_t first, int64_t n, float* dst);
 
+// y[i] = the tiles' exp2(x[i]) (clamped to [-127, 127] or, on AVX-512,
+// [-160, 127] first) for i < n. REQUIRES: n a multiple of 16.
+void Exp2ForTest(const float* x, int64_t n, float* y);
+
 // Name of the SIMD target the dispatcher picked on this machine ("AVX2",
 // "AVX3", "EMU128", ...), for logs and the benchmark.
 const char* SimdTargetName();
