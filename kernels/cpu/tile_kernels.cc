@@ -267,10 +267,7 @@ HWY_INLINE void Scores(int64_t M, int64_t ncols, int64_t K, const float* a, int6
 //    (+127, the exponent bias): its low bits are n + 127, and shifting them
 //    into the exponent field discards the rest.
 // kClampHigh = false when x <= 0 is known (the forward's x - max).
-// On AVX-512 the shorter dependency chain and two fewer operations made the
-// forward 5-11 % faster at D = 32 and 2-8 % at D = 64 (kernel_bench, causal,
-// fp32 and bf16, MHA and GQA, medians of 4 alternating runs on Zen 5); the
-// kernels' accuracy tests bound both versions.
+// The AVX-512 form: forward +5-11 % at D = 32 (kernels/cpu/README.md).
 template <bool kClampHigh = true>
 HWY_INLINE VF Exp2(DF d, VF x) {
 #if HWY_TARGET == HWY_AVX3
@@ -644,8 +641,7 @@ bool BackwardTileImpl(const BwdTile& t) {
   // products, scale K rows for dQ. Padding (keys past nk, columns past D) stays 0.
   std::fill(kt, kt + 2 * kt_size + k_block, 0.f);
   std::fill(tmp, tmp + Dp, 0.f);
-  // fp32 rows are read in place (a copy per row was a call to memcpy per
-  // 128 bytes at D = 32: 6-9 % of an MHA backward tile).
+  // fp32 rows are read in place (a memcpy call per row cost 6-9 % at D = 32).
   const bool in_place = t.dtype == DType::kFloat32;
   for (int j = 0; j < nk; ++j) {
     float* krow = kr + j * Dp;
