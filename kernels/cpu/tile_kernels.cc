@@ -641,7 +641,7 @@ bool BackwardTileImpl(const BwdTile& t) {
   // products, scale K rows for dQ. Padding (keys past nk, columns past D) stays 0.
   std::fill(kt, kt + 2 * kt_size + k_block, 0.f);
   std::fill(tmp, tmp + Dp, 0.f);
-  // fp32 rows are read in place (a memcpy call per row cost 6-9 % at D = 32).
+  // fp32 rows are read in place (memcpy per row: 7 % of an fp32 D = 32 profile).
   const bool in_place = t.dtype == DType::kFloat32;
   for (int j = 0; j < nk; ++j) {
     float* krow = kr + j * Dp;
