@@ -71,10 +71,12 @@ printf '  %-8s %8s\n' stage seconds
 for s in "${STAGES[@]}"; do printf '  %-8s %8s\n' ${s}; done
 printf '  %-8s %8s\n' total "$total"
 echo "hsap command two: the ten slowest tests"
+# awk reads all of sort's output: "head -n 10" would exit early and, under
+# pipefail, sort's SIGPIPE (exit 141) would end the script here.
 for l in "$logs"/*.log; do
   stage=$(basename "$l" .log)
   sed -nE "s#^(//\S+)\s+(\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY) in ([0-9.]+)s.*#\4 ${stage} \1 \3#p" "$l"
-done | sort -rn | head -n 10 | awk '{ printf "  %8.1f s  %-5s %s %s\n", $1, $2, $3, $4 }'
+done | sort -rn | awk 'NR <= 10 { printf "  %8.1f s  %-5s %s %s\n", $1, $2, $3, $4 }'
 echo "hsap command two: action time by stage (scripts/bazel_profile_summary.py)"
 profiles=()
 for s in plain asan tsan; do
