@@ -265,8 +265,11 @@ absl::Status RankRun::RunStages() {
       HSAP_RETURN_IF_ERROR(ZeroReceivedGradients());
       HSAP_RETURN_IF_ERROR(RunBackwardItems(st.items));
     }
+    // Home items held back for it compute while the returns fly; the
+    // returns are added to the home dK/dV after them (Exchange).
     HSAP_RETURN_IF_ERROR(Exchange(ExchangeTag(call_tag_, pass, si, 1), st.return_sends,
-                                  st.return_recvs, [] { return absl::OkStatus(); }));
+                                  st.return_recvs,
+                                  [&] { return RunBackwardItems(st.return_overlap_items); }));
   }
   return absl::OkStatus();
 }

@@ -234,8 +234,25 @@ absl::StatusOr<RankLayout> LayoutFor(const plan::Plan& plan, int32_t rank, Pass 
     for (const Transfer& t : st.return_recvs) {
       HSAP_RETURN_IF_ERROR(CheckTransfer(l, t, false, true, s));
     }
-    for (const WorkItem& w : st.overlap_items) HSAP_RETURN_IF_ERROR(CheckItem(l, w, s));
     for (const WorkItem& w : st.items) HSAP_RETURN_IF_ERROR(CheckItem(l, w, s));
+    // Items that run while transfers are in flight read home rows only (a
+    // receive may be writing the receive buffer meanwhile); items under the
+    // returns exist only in the backward, which runs them.
+    if (pass == Pass::kForward && !st.return_overlap_items.empty()) {
+      return absl::InternalError(absl::StrCat("rank ", l.rank, " stage ", s, ": ",
+                                              st.return_overlap_items.size(),
+                                              " return_overlap_items in a forward stage"));
+    }
+    for (const auto* list : {&st.overlap_items, &st.return_overlap_items}) {
+      for (const WorkItem& w : *list) {
+        HSAP_RETURN_IF_ERROR(CheckItem(l, w, s));
+        if (w.kv_space != RowSpace::kHome) {
+          return absl::InternalError(absl::StrCat(
+              "rank ", l.rank, " stage ", s, ": an item run during a transfer reads kv space ",
+              static_cast<int>(w.kv_space), ", not home rows"));
+        }
+      }
+    }
   }
   return l;
 }

@@ -291,6 +291,41 @@ RankBytes SumRankBytes(const RankPlan& rp, size_t first_inner, size_t end_inner,
   return rb;
 }
 
+// Moves the tail of each inner backward stage's home items (overlap_items)
+// that has returns to its return_overlap_items: the items kept are the
+// fewest whose modeled compute covers the stage's K/V transfer
+// (ItemsCovering), the rest compute while the dK/dV returns fly. Returns,
+// per backward stage, the area moved. With inter-node links shared by k
+// ranks the transfer is estimated as k times the rank's own inter-node
+// bytes over the link (the ranks of a node move about as much each).
+std::vector<int64_t> HoldBackForReturns(const HardwareProfile& profile, int64_t head_dim,
+                                        const RankBytes& rb, size_t first_inner,
+                                        size_t end_inner, RankPlan* rp) {
+  std::vector<int64_t> moved(rp->backward.size(), 0);
+  const int64_t heads = rp->q_head_end - rp->q_head_begin;
+  const int64_t kv_heads = rp->kv_head_end - rp->kv_head_begin;
+  const int64_t k = static_cast<int64_t>(std::max(1.0, profile.inter_link_ranks));
+  constexpr int kInter = static_cast<int>(LinkTier::kInterNode);
+  for (size_t s = first_inner; s < end_inner && s < rp->backward.size(); ++s) {
+    Stage& st = rp->backward[s];
+    if (st.overlap_items.empty() || (st.return_sends.empty() && st.return_recvs.empty())) {
+      continue;
+    }
+    std::array<int64_t, kNumTiers> send = rb.bwd[s].send, recv = rb.bwd[s].recv;
+    send[kInter] *= k;
+    recv[kInter] *= k;
+    const double xfer = StageTransferSeconds(profile, send, recv);
+    const size_t n = st.overlap_items.size();
+    const size_t keep = ItemsCovering(profile, head_dim, heads, kv_heads, /*backward=*/true,
+                                      xfer, st.overlap_items);
+    if (keep == n) continue;
+    st.return_overlap_items = st.overlap_items.Sub(keep, n - keep);
+    st.overlap_items = st.overlap_items.Sub(0, keep);
+    moved[s] = ItemsArea(st.return_overlap_items);
+  }
+  return moved;
+}
+
 // A rank's byte statistics, from its stages' sums.
 void FillRankStats(const RankBytes& rb, RankStats* rs) {
   for (size_t s = 0; s < rb.fwd.size(); ++s) {
@@ -495,7 +530,9 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     const RankBytes rb = SumRankBytes(rp, first_inner, first_inner + inner_stages,
                                       ReturnBytesRatio(spec.shape.dtype));
     FillRankStats(rb, &rs);
-    models[d] = ModelRank(profile, spec.shape.head_dim, area, rb.fwd, rb.bwd, &rp);
+    const std::vector<int64_t> moved = HoldBackForReturns(
+        profile, spec.shape.head_dim, rb, first_inner, first_inner + inner_stages, &rp);
+    models[d] = ModelRank(profile, spec.shape.head_dim, area, moved, rb.fwd, rb.bwd, &rp);
   });
   FinishStats(slices, index, spec, dispatch, &plan);
   if (profile.inter_link_ranks > 1) {

@@ -39,6 +39,9 @@ const std::vector<HardwareProfile>& Profiles() {
   return *profiles;
 }
 
+// A stage's item lists, as the model reads them.
+enum class ItemList { kOverlap, kItems, kReturnOverlap };
+
 struct TierBytes {
   std::array<int64_t, kNumTiers> send{};
   std::array<int64_t, kNumTiers> recv{};
@@ -74,19 +77,25 @@ double TransferSeconds(const HardwareProfile& p, const TierBytes& b,
   return worst;
 }
 
+int64_t ItemArea(const WorkItem& w) {
+  MaskSlice s;
+  s.q_end = w.num_q;
+  s.k_end = w.num_k;
+  s.type = w.type;
+  s.offset = w.offset;
+  s.window = w.window;
+  return SliceArea(s);
+}
+
+}  // namespace
+
 int64_t ItemsArea(const SharedList<WorkItem>& items) {
   int64_t area = 0;
-  for (const WorkItem& w : items) {
-    MaskSlice s;
-    s.q_end = w.num_q;
-    s.k_end = w.num_k;
-    s.type = w.type;
-    s.offset = w.offset;
-    s.window = w.window;
-    area += SliceArea(s);
-  }
+  for (const WorkItem& w : items) area += ItemArea(w);
   return area;
 }
+
+namespace {
 
 double ComputeSeconds(const HardwareProfile& p, int64_t area, int64_t heads, int64_t kv_heads,
                       int64_t head_dim, bool backward) {
@@ -109,8 +118,8 @@ StageBytes ListBytes(const Stage& st) {
   return {b.send, b.recv, r.send, r.recv};
 }
 
-// area(stage index, backward?, overlap?) -> area of that stage's items of
-// `rp`; bytes(stage index, backward?) -> its StageBytes.
+// area(stage index, backward?, list) -> area of that stage's items of `rp`
+// in `list`; bytes(stage index, backward?) -> its StageBytes.
 template <typename AreaFn, typename BytesFn>
 RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area,
                         BytesFn&& bytes, RankPlan* rp) {
@@ -134,8 +143,10 @@ RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area
       fwd_total.recv[t] += b.recv[t];
     }
     const double xfer = TransferSeconds(profile, b, &rs.fwd_transfer_us);
-    const double overlap = ComputeSeconds(profile, area(s, false, true), heads, kv_heads, D, false);
-    const double after = ComputeSeconds(profile, area(s, false, false), heads, kv_heads, D, false);
+    const double overlap =
+        ComputeSeconds(profile, area(s, false, ItemList::kOverlap), heads, kv_heads, D, false);
+    const double after =
+        ComputeSeconds(profile, area(s, false, ItemList::kItems), heads, kv_heads, D, false);
     const double t = std::max(xfer, overlap) + after;
     rs.fwd_compute_us += (overlap + after) * 1e6;
     rs.fwd_us += t * 1e6;
@@ -156,10 +167,14 @@ RankModel ModelRankWith(const HardwareProfile& profile, int64_t D, AreaFn&& area
     }
     const double xfer = TransferSeconds(profile, b, &rs.bwd_transfer_us);
     const double ret = TransferSeconds(profile, r, &rs.bwd_transfer_us);
-    const double overlap = ComputeSeconds(profile, area(s, true, true), heads, kv_heads, D, true);
-    const double after = ComputeSeconds(profile, area(s, true, false), heads, kv_heads, D, true);
-    const double t = std::max(xfer, overlap) + after + ret;
-    rs.bwd_compute_us += (overlap + after) * 1e6;
+    const double overlap =
+        ComputeSeconds(profile, area(s, true, ItemList::kOverlap), heads, kv_heads, D, true);
+    const double after =
+        ComputeSeconds(profile, area(s, true, ItemList::kItems), heads, kv_heads, D, true);
+    const double under_returns =
+        ComputeSeconds(profile, area(s, true, ItemList::kReturnOverlap), heads, kv_heads, D, true);
+    const double t = std::max(xfer, overlap) + after + std::max(ret, under_returns);
+    rs.bwd_compute_us += (overlap + after + under_returns) * 1e6;
     rs.bwd_us += t * 1e6;
     m.bwd_s[s] = t;
   }
@@ -334,12 +349,40 @@ double StageTransferSeconds(const HardwareProfile& profile,
 
 RankModel ModelRank(const HardwareProfile& profile, int64_t head_dim,
                     const std::vector<std::array<int64_t, 2>>& stage_area,
+                    const std::vector<int64_t>& bwd_return_overlap_area,
                     const std::vector<StageBytes>& fwd_bytes,
                     const std::vector<StageBytes>& bwd_bytes, RankPlan* rp) {
   return ModelRankWith(
       profile, head_dim,
-      [&stage_area](size_t s, bool, bool overlap) { return stage_area[s][overlap ? 0 : 1]; },
+      [&](size_t s, bool backward, ItemList list) -> int64_t {
+        const int64_t moved = backward && s < bwd_return_overlap_area.size()
+                                  ? bwd_return_overlap_area[s]
+                                  : 0;
+        switch (list) {
+          case ItemList::kOverlap: return stage_area[s][0] - moved;
+          case ItemList::kItems: return stage_area[s][1];
+          case ItemList::kReturnOverlap: return moved;
+        }
+        return 0;
+      },
       [&](size_t s, bool backward) { return (backward ? bwd_bytes : fwd_bytes)[s]; }, rp);
+}
+
+size_t ItemsCovering(const HardwareProfile& profile, int64_t head_dim, int64_t heads,
+                     int64_t kv_heads, bool backward, double seconds,
+                     const WorkItemList& items) {
+  if (!(seconds > 0)) return 0;
+  // The area that takes `seconds`, compared in area (exact integers) item
+  // by item.
+  const double per_area = ComputeSeconds(profile, 1, heads, kv_heads, head_dim, backward);
+  if (!(per_area > 0)) return items.size();
+  const double target = seconds / per_area;
+  int64_t area = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (static_cast<double>(area) >= target) return i;
+    area += ItemArea(items[i]);
+  }
+  return items.size();
 }
 
 void FinishModel(const std::vector<RankModel>& models, PlanStats* stats) {
@@ -417,9 +460,11 @@ void ModelPlanTime(const HardwareProfile& profile, Plan* plan) {
     RankPlan& rp = plan->ranks[r];
     models.push_back(ModelRankWith(
         profile, plan->spec.shape.head_dim,
-        [&rp](size_t s, bool backward, bool overlap) {
+        [&rp](size_t s, bool backward, ItemList list) {
           const Stage& st = (backward ? rp.backward : rp.forward)[s];
-          return ItemsArea(overlap ? st.overlap_items : st.items);
+          return ItemsArea(list == ItemList::kOverlap ? st.overlap_items
+                           : list == ItemList::kItems ? st.items
+                                                      : st.return_overlap_items);
         },
         [&, r](size_t s, bool backward) {
           if (k > 1) return (backward ? link_bwd : link_fwd)[r][s];

@@ -10,7 +10,7 @@
 //                 ranks share an inter-node link, its bytes are the link's
 //                 and its bw k times a rank's: inter_link_ranks)
 //   stage_s     = max(transfer_s, compute(overlap_items)) + compute(items)
-//                 + return transfer (backward)
+//                 + backward: max(return transfer, compute(return_overlap_items))
 //   compute     = 4 * D * area * q_heads FLOP forward, 2.5x that backward,
 //                 at flops * kv_interleave_factor^log2(kv_heads of the rank)
 //
@@ -151,11 +151,28 @@ struct StageBytes {
 // backward stage s (the compiler derives a backward stage's from its
 // forward stage's: the same transfers, returns mirrored), stage_area as
 // above.
+// bwd_return_overlap_area[s] (may be shorter than the backward: 0 beyond)
+// is the part of stage_area[s][0] that backward stage s computes under its
+// returns (Stage::return_overlap_items) instead of under its transfers.
 RankModel ModelRank(const HardwareProfile& profile, int64_t head_dim,
                     const std::vector<std::array<int64_t, 2>>& stage_area,
+                    const std::vector<int64_t>& bwd_return_overlap_area,
                     const std::vector<StageBytes>& fwd_bytes,
                     const std::vector<StageBytes>& bwd_bytes, RankPlan* rp);
 void FinishModel(const std::vector<RankModel>& models, PlanStats* stats);
+
+// Allowed (q, k) pairs of the items (per head).
+int64_t ItemsArea(const WorkItemList& items);
+
+// The fewest leading items of `items` whose modeled compute (forward or
+// backward, a rank of `heads` query and `kv_heads` KV heads) takes at least
+// `seconds`; all of them when they take less. The compiler keeps that many
+// of a backward stage's home items under its K/V transfer and computes the
+// rest under its returns: stage time max(xfer, A) + after + max(ret, B) is
+// then the least any split of A + B gives, up to one item.
+size_t ItemsCovering(const HardwareProfile& profile, int64_t head_dim, int64_t heads,
+                     int64_t kv_heads, bool backward, double seconds,
+                     const WorkItemList& items);
 
 }  // namespace hsap::plan
 

@@ -266,5 +266,77 @@ TEST(CostModelProfileTest, AutoPlansWithTheCustomProfile) {
   EXPECT_EQ(p->stats.modeled_us, best);
 }
 
+// A backward stage with returns keeps under its K/V transfer the fewest
+// leading home items that cover it and computes the rest while the returns
+// fly: the two lists are the forward stage's home items in order, the
+// compiler's model is ModelPlanTime's, and it is below the model of the same
+// plan with every home item under the transfer (which it was before).
+TEST(CostModelProfileTest, BackwardComputesHomeItemsUnderTheReturns) {
+  // Compute comparable to the links: home work outlasts the K/V transfer.
+  const std::string profile = "custom:flops=2e9,inter_bytes_per_s=1e8,intra_bytes_per_s=1e9";
+  const HardwareProfile hw = *ParseHardwareProfile(profile);
+  int split = 0;
+  for (Strategy s : {Strategy::kSap, Strategy::kHsap, Strategy::kRing, Strategy::kUsp}) {
+    absl::StatusOr<Plan> p = CompilePlan(Spec(s, profile));
+    ASSERT_TRUE(p.ok()) << p.status();
+    Plan before = *p;
+    for (size_t r = 0; r < p->ranks.size(); ++r) {
+      const RankPlan& rp = p->ranks[r];
+      ASSERT_EQ(rp.forward.size(), rp.backward.size());
+      for (size_t st = 0; st < rp.backward.size(); ++st) {
+        const Stage& f = rp.forward[st];
+        const Stage& b = rp.backward[st];
+        EXPECT_TRUE(f.return_overlap_items.empty());
+        std::vector<WorkItem> joined = b.overlap_items.ToVector();
+        for (const WorkItem& w : b.return_overlap_items) joined.push_back(w);
+        EXPECT_EQ(joined, f.overlap_items.ToVector()) << StrategyName(s) << " rank " << r;
+        if (b.return_overlap_items.empty()) continue;
+        ++split;
+        EXPECT_FALSE(b.return_sends.empty() && b.return_recvs.empty());
+        before.ranks[r].backward[st].overlap_items = f.overlap_items;
+        before.ranks[r].backward[st].return_overlap_items = WorkItemList();
+      }
+    }
+    Plan again = *p;
+    ModelPlanTime(hw, &again);
+    EXPECT_NEAR(again.stats.bwd_us, p->stats.bwd_us, 1e-9 * p->stats.bwd_us) << StrategyName(s);
+    ModelPlanTime(hw, &before);
+    EXPECT_LE(p->stats.bwd_us, before.stats.bwd_us * (1 + 1e-12)) << StrategyName(s);
+    EXPECT_EQ(p->stats.fwd_us, before.stats.fwd_us) << StrategyName(s);
+    if (s == Strategy::kSap || s == Strategy::kHsap) {
+      EXPECT_LT(p->stats.bwd_us, before.stats.bwd_us) << StrategyName(s);
+    }
+  }
+  EXPECT_GT(split, 0);
+}
+
+// ItemsCovering: the fewest leading items whose compute reaches the time.
+TEST(CostModelProfileTest, ItemsCoveringCountsLeadingItems) {
+  // 1e3 FLOP/s forward, D = 1, one head: an item of area a takes 4a ms.
+  const HardwareProfile hw =
+      *ParseHardwareProfile("custom:flops=1e3,inter_bytes_per_s=1,intra_bytes_per_s=1");
+  std::vector<WorkItem> v;
+  for (int64_t n : {10, 20, 30}) {  // full n x 1 items: areas 10, 20, 30
+    WorkItem w;
+    w.num_q = n;
+    w.num_k = 1;
+    v.push_back(w);
+  }
+  const WorkItemList items(v);
+  auto covering = [&](double seconds) {
+    return ItemsCovering(hw, 1, 1, 1, /*backward=*/false, seconds, items);
+  };
+  EXPECT_EQ(covering(0), 0u);
+  EXPECT_EQ(covering(0.001), 1u);
+  EXPECT_EQ(covering(0.040), 1u);   // exactly the first item
+  EXPECT_EQ(covering(0.0401), 2u);
+  EXPECT_EQ(covering(0.120), 2u);
+  EXPECT_EQ(covering(0.121), 3u);
+  EXPECT_EQ(covering(1.0), 3u);     // all of them take less
+  // Backward: 2.5 times the FLOPs.
+  EXPECT_EQ(ItemsCovering(hw, 1, 1, 1, true, 0.100, items), 1u);
+  EXPECT_EQ(ItemsArea(items), 60);
+}
+
 }  // namespace
 }  // namespace hsap::plan

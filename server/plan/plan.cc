@@ -20,7 +20,8 @@ bool WorkItem::operator==(const WorkItem& o) const {
 
 bool Stage::operator==(const Stage& o) const {
   return sends == o.sends && recvs == o.recvs && overlap_items == o.overlap_items &&
-         items == o.items && return_sends == o.return_sends && return_recvs == o.return_recvs;
+         items == o.items && return_sends == o.return_sends && return_recvs == o.return_recvs &&
+         return_overlap_items == o.return_overlap_items;
 }
 
 bool RankStats::operator==(const RankStats& o) const {
@@ -100,6 +101,7 @@ int64_t Plan::ApproxBytes() const {
         lists.Add(st.return_recvs);
         lists.Add(st.overlap_items);
         lists.Add(st.items);
+        lists.Add(st.return_overlap_items);
       }
     }
   }

@@ -27,7 +27,9 @@
 // group, in peer order), runs `overlap_items` (they read nothing received in
 // this stage), waits, runs `items`; in backward stages it then posts
 // `return_sends`/`return_recvs`: the dK/dV partials of the rows received in
-// the stage go back to their owners, which add them to their own dK/dV.
+// the stage go back to their owners, which add them to their own dK/dV
+// after running `return_overlap_items` (home items held back to compute
+// while the returns fly).
 // Every send of rank a to rank b in stage s has an identical receive on b
 // from a in stage s (same payload, segments' global ranges, bytes).
 #ifndef HSAP_SERVER_PLAN_PLAN_H_
@@ -49,8 +51,9 @@ namespace hsap::plan {
 
 // Bump when the meaning or layout of a plan changes: it is hashed into keys.
 // 2: dK/dV partials travel in fp32; 3: `balanced` places documents on nodes
-// first on several nodes.
-inline constexpr uint32_t kPlanFormatVersion = 3;
+// first on several nodes; 4: backward stages compute home items while their
+// returns fly (Stage::return_overlap_items).
+inline constexpr uint32_t kPlanFormatVersion = 4;
 
 enum class LinkTier : uint8_t {
   kIntraNode = 0,  // NVLink / shared memory
@@ -132,6 +135,10 @@ struct Stage {
   WorkItemList items;
   TransferList return_sends;  // backward only
   TransferList return_recvs;  // backward only
+  // Backward only: home items (they read no received row) computed while
+  // the returns are in flight, after `items`; the returns are added after
+  // them, so home accumulators still sum home work first, then returns.
+  WorkItemList return_overlap_items;
   bool operator==(const Stage& o) const;
 };
 

@@ -55,9 +55,17 @@ absl::Status CheckItems(const Plan& plan, bool backward, const std::vector<std::
           }
         }
       }
-      for (int pass = 0; pass < 2; ++pass) {
-        for (const WorkItem& w : pass == 0 ? st.overlap_items : st.items) {
-          if (pass == 0 && w.kv_space != RowSpace::kHome) {
+      if (!backward && !st.return_overlap_items.empty()) {
+        return absl::InternalError(absl::StrCat("rank ", rp.rank, " stage ", s,
+                                                ": return_overlap_items in a forward stage"));
+      }
+      // Lists: overlap_items, items, return_overlap_items; the first and
+      // the last run during transfers and read home rows only.
+      for (int pass = 0; pass < 3; ++pass) {
+        const WorkItemList& list =
+            pass == 0 ? st.overlap_items : pass == 1 ? st.items : st.return_overlap_items;
+        for (const WorkItem& w : list) {
+          if (pass != 1 && w.kv_space != RowSpace::kHome) {
             return absl::InternalError(absl::StrCat("rank ", rp.rank, " stage ", s,
                                                     ": overlap item reads the receive buffer"));
           }

@@ -105,6 +105,7 @@ void StageToProto(const Stage& st, pb::Stage* p) {
   Each(st.items, p->mutable_items(), ItemToProto);
   Each(st.return_sends, p->mutable_return_sends(), TransferToProto);
   Each(st.return_recvs, p->mutable_return_recvs(), TransferToProto);
+  Each(st.return_overlap_items, p->mutable_return_overlap_items(), ItemToProto);
 }
 
 template <typename T, typename P, typename F>
@@ -123,6 +124,7 @@ Stage StageFromProto(const pb::Stage& p) {
   st.items = Collect<WorkItem>(p.items(), ItemFromProto);
   st.return_sends = Collect<Transfer>(p.return_sends(), TransferFromProto);
   st.return_recvs = Collect<Transfer>(p.return_recvs(), TransferFromProto);
+  st.return_overlap_items = Collect<WorkItem>(p.return_overlap_items(), ItemFromProto);
   return st;
 }
 

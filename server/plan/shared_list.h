@@ -88,6 +88,14 @@ class SharedList {
   void reserve(size_t n) { Mutable().reserve(n); }
   void clear() { *this = SharedList(); }
 
+  // Elements [begin, begin + size) of this list, sharing its array.
+  // REQUIRES: begin + size <= size().
+  SharedList Sub(size_t begin, size_t size) const {
+    if (size == 0) return SharedList();
+    if (begin == 0 && size == this->size()) return *this;
+    return View(p_, offset() + begin, size);
+  }
+
   // Index of the first element in the array (0 unless a view).
   size_t offset() const { return begin_; }
 

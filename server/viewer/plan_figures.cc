@@ -65,20 +65,6 @@ double TransferSeconds(const plan::HardwareProfile& p, const std::array<int64_t,
   return worst;
 }
 
-int64_t ItemsArea(const plan::WorkItemList& items) {
-  int64_t area = 0;
-  for (const plan::WorkItem& w : items) {
-    MaskSlice s;
-    s.q_end = w.num_q;
-    s.k_end = w.num_k;
-    s.type = w.type;
-    s.offset = w.offset;
-    s.window = w.window;
-    area += SliceArea(s);
-  }
-  return area;
-}
-
 // cost_model.cc's compute term.
 double ComputeSeconds(const plan::HardwareProfile& p, int64_t area, int64_t heads,
                       int64_t kv_heads, int64_t head_dim, bool backward) {
@@ -140,7 +126,7 @@ std::vector<double> SlowestPerStage(const std::vector<std::vector<StageTime>>& p
 }  // namespace
 
 double StageTime::total_us() const {
-  return std::max(transfer_us, overlap_us) + compute_us + return_us;
+  return std::max(transfer_us, overlap_us) + compute_us + std::max(return_us, return_overlap_us);
 }
 
 std::vector<TierSplit> ReceivedBytesByTier(const Plan& plan) {
@@ -219,14 +205,16 @@ absl::StatusOr<Timeline> ModelTimeline(const Plan& plan) {
         StageTime t;
         t.transfer_us =
             TransferSeconds(profile, bytes[s].send, bytes[s].recv, &t.transfer_tier) * 1e6;
-        t.overlap_us = ComputeSeconds(profile, ItemsArea(stages[s].overlap_items), heads,
+        t.overlap_us = ComputeSeconds(profile, plan::ItemsArea(stages[s].overlap_items), heads,
                                       kv_heads, D, backward) * 1e6;
         t.compute_us =
-            ComputeSeconds(profile, ItemsArea(stages[s].items), heads, kv_heads, D, backward) *
+            ComputeSeconds(profile, plan::ItemsArea(stages[s].items), heads, kv_heads, D, backward) *
             1e6;
         if (backward) {
           t.return_us =
               TransferSeconds(profile, bytes[s].return_send, bytes[s].return_recv, nullptr) * 1e6;
+          t.return_overlap_us = ComputeSeconds(profile, plan::ItemsArea(stages[s].return_overlap_items),
+                                               heads, kv_heads, D, true) * 1e6;
         }
         out.push_back(t);
       }
@@ -328,12 +316,12 @@ BinnedTimeline BinTimeline(const std::vector<std::vector<StageTime>>& per_rank,
     out.bin_us.push_back(sum);
     t += sum;
   }
-  out.cells.assign(rows.rows.size(), std::vector<std::array<double, 5>>(bins));
+  out.cells.assign(rows.rows.size(), std::vector<std::array<double, 6>>(bins));
   for (size_t i = 0; i < rows.rows.size(); ++i) {
     const Row& row = rows.rows[i];
     for (int32_t b = 0; b < bins; ++b) {
       double inter_us = 0;
-      std::array<double, 5>& cell = out.cells[i][b];
+      std::array<double, 6>& cell = out.cells[i][b];
       for (int32_t s = b * out.stages_per_bin;
            s < std::min(out.num_stages, (b + 1) * out.stages_per_bin); ++s) {
         StageTime worst;
@@ -348,11 +336,13 @@ BinnedTimeline BinTimeline(const std::vector<std::vector<StageTime>>& per_rank,
           worst.overlap_us = std::max(worst.overlap_us, st.overlap_us);
           worst.compute_us = std::max(worst.compute_us, st.compute_us);
           worst.return_us = std::max(worst.return_us, st.return_us);
+          worst.return_overlap_us = std::max(worst.return_overlap_us, st.return_overlap_us);
         }
         cell[0] += worst.transfer_us;
         cell[1] += worst.overlap_us;
         cell[2] += worst.compute_us;
         cell[3] += worst.return_us;
+        cell[5] += worst.return_overlap_us;
         if (worst.transfer_tier == LinkTier::kInterNode) inter_us += worst.transfer_us;
       }
       cell[4] = cell[0] > 0 ? inter_us / cell[0] : 0;

@@ -54,7 +54,8 @@ TrafficMatrix RankTraffic(const plan::Plan& plan);
 TrafficMatrix NodeTraffic(const plan::Plan& plan);
 
 // The modeled time of one stage of one rank, microseconds (cost_model.h):
-// the stage takes max(transfer, overlap) + compute + returns.
+// the stage takes max(transfer, overlap) + compute + max(returns,
+// return_overlap).
 struct StageTime {
   double transfer_us = 0;  // the transfer term: both tiers in parallel
   // The transfer term's tier, the slower of the two (plan::LinkTier); only
@@ -63,6 +64,7 @@ struct StageTime {
   double overlap_us = 0;  // overlap_items, run while the transfers are in flight
   double compute_us = 0;  // items, after the transfers
   double return_us = 0;   // backward: the dK/dV partials sent back
+  double return_overlap_us = 0;  // backward: return_overlap_items, run while they fly
   double total_us() const;
 };
 
@@ -131,9 +133,10 @@ struct BinnedTimeline {
   int32_t num_stages = 0;
   std::vector<double> bin_start_us;  // when each bin's first stage starts
   std::vector<double> bin_us;        // sum of the bin's stages' slowest totals
-  // [row][bin]: transfer_us, overlap_us, compute_us, return_us and the
-  // bin's inter-node share of the transfer time in [0, 1].
-  std::vector<std::vector<std::array<double, 5>>> cells;
+  // [row][bin]: transfer_us, overlap_us, compute_us, return_us, the
+  // bin's inter-node share of the transfer time in [0, 1], and
+  // return_overlap_us.
+  std::vector<std::vector<std::array<double, 6>>> cells;
 };
 BinnedTimeline BinTimeline(const std::vector<std::vector<StageTime>>& per_rank,
                            const std::vector<double>& stage_us, const Rows& rows,

@@ -217,7 +217,8 @@ void AppendArray(JsonWriter* j, const std::array<int64_t, plan::kNumTiers>& a) {
 //   traffic: rows (and nodes): {n, labels, inter (0/1), fwd, bwd} dense n x n
 //   timeline: fwd, bwd: {num_stages, stages_per_bin, stage_us (slowest rank
 //     per stage), bin_start_us, bin_us, cells [row][bin] = [transfer,
-//     overlap, compute, return, inter-node share]}; or timeline_error
+//     overlap, compute, return, inter-node share, compute during the
+//     returns]}; or timeline_error
 void AppendData(const PageModel& m, std::string* out) {
   const plan::Plan& p = *m.plan;
   const plan::PlanSpec& spec = p.spec;

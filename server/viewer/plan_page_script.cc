@@ -141,6 +141,7 @@ const char kPageScript[] = R"JS(
           '\ntransfer ' + fmtUs(c[0]) + (c[0] > 0 ? (c[4] >= 0.5 ? ' (inter-node)' : ' (intra-node)') : '') +
           '\ncompute during transfer ' + fmtUs(c[1]) + '\ncompute after ' + fmtUs(c[2]) +
           (c[3] > 0 ? '\ndK/dV returns ' + fmtUs(c[3]) : '') +
+          (c[5] > 0 ? '\ncompute during returns ' + fmtUs(c[5]) : '') +
           '\nslowest rank ' + fmtUs(tl.bin_us[b]);
     }
   };

@@ -463,6 +463,9 @@ void AppendTimelineSvg(const PageModel& m, bool backward, std::string* out) {
       const double after = start + std::max(c[0], c[1]);
       PathRect(&d_compute, x(after), cy, x(after + c[2]) - x(after), lane);
       PathRect(&d_return, x(after + c[2]), ty, x(after + c[2] + c[3]) - x(after + c[2]), lane);
+      // Home items computed while the returns fly: the overlap colour, on
+      // the compute lane.
+      PathRect(&d_overlap, x(after + c[2]), cy, x(after + c[2] + c[5]) - x(after + c[2]), lane);
     }
   }
   Path(out, d_intra, kIntraColour);
