@@ -515,6 +515,53 @@ TEST(ExecutorValidation, RejectsMismatchedShapeRankAndBuffers) {
   EXPECT_NE(s.message().find("backend"), std::string::npos) << s;
 }
 
+// Items that compute while transfers fly read home rows only, and items
+// under the returns belong to backward stages: a plan (from a peer, say)
+// that breaks either is refused before anything moves. The compiler's own
+// plan for slow compute holds such items and runs; it is mutated on every
+// rank so that no rank waits for another.
+TEST(ExecutorValidation, ItemsDuringTransfersReadHomeRowsOnly) {
+  Problem pr = FaultProblem(2, 2);
+  pr.spec.strategy = Strategy::kSap;
+  pr.spec.assignment = plan::AssignmentPolicy::kZigzag;  // two pieces per rank
+  pr.spec.profile = "custom:flops=5e4,inter_bytes_per_s=2.7e9,intra_bytes_per_s=6e9";
+  auto plan = plan::CompilePlan(pr.spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int held_back = 0;
+  for (const plan::RankPlan& rp : plan->ranks) {
+    for (const plan::Stage& st : rp.backward) held_back += !st.return_overlap_items.empty();
+  }
+  EXPECT_GT(held_back, 0);
+  const Outcome ok = RunPlan(*plan, pr, nullptr);
+  for (int32_t r = 0; r < 4; ++r) {
+    EXPECT_TRUE(ok.fwd_status[r].ok() && ok.bwd_status[r].ok())
+        << ok.fwd_status[r] << " " << ok.bwd_status[r];
+  }
+  plan::WorkItem recv_item;
+  recv_item.kv_space = plan::RowSpace::kRecv;
+  struct Case {
+    bool backward;
+    const char* list;
+    const char* error;
+  };
+  for (const Case& c : {Case{false, "return_overlap_items", "return_overlap_items in a forward"},
+                        Case{true, "return_overlap_items", "reads kv space 2"},
+                        Case{false, "overlap_items", "reads kv space 2"}}) {
+    Plan bad = *plan;
+    for (plan::RankPlan& rp : bad.ranks) {
+      plan::Stage& st = (c.backward ? rp.backward : rp.forward).back();
+      (std::string(c.list) == "overlap_items" ? st.overlap_items : st.return_overlap_items)
+          .push_back(recv_item);
+    }
+    const Outcome got = RunPlan(bad, pr, nullptr);
+    for (int32_t r = 0; r < 4; ++r) {
+      const absl::Status& s = c.backward ? got.bwd_status[r] : got.fwd_status[r];
+      EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << c.list << ": " << s;
+      EXPECT_NE(s.message().find(c.error), std::string::npos) << c.list << ": " << s;
+    }
+  }
+}
+
 // The tag layout is call_tag << 24 | pass << 23 | stage << 1 | phase, and
 // no two (call, pass, stage, phase) in range share a tag.
 TEST(ExecutorTags, LayoutAndInjectivity) {

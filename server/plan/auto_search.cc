@@ -18,19 +18,22 @@ namespace {
 // `auto` (branch and bound). ModelPlanTime sums, per phase, the slowest
 // rank's time of each stage, so a phase takes at least any one rank's sum
 // over its stages. A forward stage takes max(xfer, overlap) + after, so the
-// sum is at least max(sum of xfer, compute); a backward stage adds its
-// returns: the sum is at least max(sum of xfer, 2.5 compute) + sum of
-// returns. A transfer term takes at least max(send, recv) bytes / bandwidth
-// in each tier, and summed over stages at least max(total send, total recv)
-// / bandwidth per tier. Hence, with a rank's totals in closed form:
+// sum is at least max(sum of xfer, compute); a backward stage takes
+// max(xfer, A) + after + max(returns, B), with A + B its home items (some
+// held back to compute under the returns), which is at least
+// max(xfer + returns, A + B) + after: the sum is at least
+// max(sum of xfer + sum of returns, 2.5 compute). A transfer term takes at
+// least max(send, recv) bytes / bandwidth in each tier, and summed over
+// stages at least max(total send, total recv) / bandwidth per tier. Hence,
+// with a rank's totals in closed form:
 //   fwd >= max over ranks of max(compute, X_fwd)
-//   bwd >= max over ranks of max(2.5 compute, X_bwd) + X_returns
+//   bwd >= max over ranks of max(2.5 compute, X_bwd + X_returns)
 // (X_returns = R X_kv: the returns carry fp32 partials, R = ReturnBytesRatio)
 // and, additively (sum of maxima >= maximum of sums; head stages have no
-// work items; every item on the rank's own keys is an overlap item, every
-// other item runs after its stage's transfers):
+// work items; every item on the rank's own keys runs during its stage's
+// transfers or returns, every other item after its stage's transfers):
 //   fwd >= H_fwd + max(X_kv, own) + (compute - own)
-//   bwd >= H_bwd + max(X_kv, 2.5 own) + 2.5 (compute - own) + R X_kv
+//   bwd >= H_bwd + max((1 + R) X_kv, 2.5 own) + 2.5 (compute - own)
 // with H the head stages' transfer terms, X_kv the K/V transfer term
 // (returns mirror it) and `own` the compute on the group's own keys. The
 // additive form is what excludes usp at 1M tokens and 512 ranks: its ring
@@ -275,8 +278,8 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
     const double bf = profile.backward_factor;
     // The returns move `ratio` times the K/V bytes (fp32 partials).
     fwd = std::max({fwd, compute, xf, hf + std::max(xr, own) + (compute - own)});
-    bwd = std::max({bwd, std::max(compute * bf, xb) + ratio * xr,
-                    hb + std::max(xr, own * bf) + (compute - own) * bf + ratio * xr});
+    bwd = std::max({bwd, std::max(compute * bf, xb + ratio * xr),
+                    hb + std::max((1 + ratio) * xr, own * bf) + (compute - own) * bf});
   }
   return (fwd + bwd) * 1e6;
 }
@@ -284,7 +287,7 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
 // A tighter lower bound of a strategy's modeled time from its packing: the
 // model sums, over stages, the slowest rank's stage time; a forward stage
 // takes max(xfer, overlap) + after >= xfer and a backward stage
-// max(xfer, overlap) + after + ret >= xfer + ret (the returns mirror the
+// max(xfer, A) + after + max(ret, B) >= xfer + ret (the returns mirror the
 // transfers: R times the bytes per tier (fp32 partials), directions
 // swapped), with xfer the
 // rank's transfer term (StageTransferSeconds) over the K/V bytes the packing

@@ -36,7 +36,13 @@ PlanSpec RandomSpec(std::mt19937_64& rng, int case_index) {
   const int64_t kappa = KvRowBytes(spec.shape, kv);
   spec.recv_buffer_bytes = uni(0, 2) == 0 ? kappa * uni(1, 7) : kDefaultRecvBufferBytes;
   spec.assignment = static_cast<AssignmentPolicy>(uni(1, 3));
-  spec.profile = uni(0, 1) ? "h100" : "cpu-loopback";
+  // The third: compute so slow that every backward stage with returns
+  // computes most of its home items under them (return_overlap_items).
+  const int64_t profile = uni(0, 2);
+  spec.profile = profile == 0   ? "h100"
+                 : profile == 1 ? "cpu-loopback"
+                                : "custom:flops=1e6,inter_bytes_per_s=1e8,intra_bytes_per_s=1e9,"
+                                  "inter_latency_us=5";
   const int mode = static_cast<int>(uni(0, 9));
   if (mode == 9 && T > 0) {
     // Shared prefix: documents [p, e) see a prefix [0, p) fully and
