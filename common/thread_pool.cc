@@ -1,6 +1,7 @@
 #include "common/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -35,6 +36,30 @@ struct ThreadPool::State {
   const std::function<void(int64_t)>* fn = nullptr;
   int64_t n = 0;
   std::atomic<int64_t> next{0};
+  // Lock-free mirrors of generation and busy, read only by Spin: a thread
+  // about to sleep first watches them for a few microseconds, because a
+  // kernel call runs one short job after another (waves of a few ms, one
+  // barrier each) and a futex wake-up costs tens of microseconds on a VM.
+  std::atomic<uint64_t> published{0};
+  std::atomic<int> running{0};
+
+  // Returns when done() holds or after about kSpin, whichever is first;
+  // the caller then waits on its condition variable as before (which
+  // rechecks under mu), so spinning changes only how soon a thread notices.
+  static constexpr std::chrono::microseconds kSpin{50};
+  template <typename Done>
+  static void Spin(Done done) {
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    for (;;) {
+      for (int i = 0; i < 16; ++i) {
+        if (done()) return;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      }
+      if (std::chrono::steady_clock::now() >= until) return;
+    }
+  }
 
   void RunJob(const std::function<void(int64_t)>& job, int64_t count) {
     for (;;) {
@@ -49,6 +74,7 @@ struct ThreadPool::State {
     for (;;) {
       const std::function<void(int64_t)>* job;
       int64_t count;
+      Spin([&] { return published.load(std::memory_order_acquire) != seen; });
       {
         std::unique_lock<std::mutex> lock(mu);
         work_cv.wait(lock, [&] { return stop || generation != seen; });
@@ -60,10 +86,12 @@ struct ThreadPool::State {
         count = n;
         if (job == nullptr) continue;
         ++busy;
+        running.fetch_add(1, std::memory_order_relaxed);
       }
       RunJob(*job, count);
       {
         std::lock_guard<std::mutex> lock(mu);
+        running.fetch_sub(1, std::memory_order_release);
         if (--busy == 0) done_cv.notify_all();
       }
     }
@@ -117,9 +145,11 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
     s.n = n;
     s.next.store(0, std::memory_order_relaxed);
     ++s.generation;
+    s.published.store(s.generation, std::memory_order_release);
   }
   s.work_cv.notify_all();
   s.RunJob(fn, n);
+  State::Spin([&] { return s.running.load(std::memory_order_acquire) == 0; });
   // Waiting for busy == 0 guarantees no worker still holds a reference to fn;
   // clearing fn under mu keeps late wakers away from it.
   std::unique_lock<std::mutex> lock(s.mu);

@@ -77,6 +77,7 @@ TSAN_TARGETS=(
   //server/metrics:http_exposer_test
   //server/metrics:registry_test
   //common:thread_pool_test
+  //kernels/cpu:task_waves_test
   //server/plan:compiler_pool_test
   //server/exec:measured_profile_test
   //tests/numerics:numerics_test

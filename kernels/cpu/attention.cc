@@ -53,7 +53,7 @@ using internal::Segment;
 using internal::Task;
 using internal::WaveRunner;
 
-// Waves hold at most this many tasks (and internal::kWavePairs pairs):
+// Waves hold at most this many tasks (and internal::WavePairs(D) pairs):
 // constants, so the merge order never depends on the pool.
 constexpr int64_t kForwardWave = 64;
 constexpr int64_t kBackwardWave = 32;
@@ -328,7 +328,7 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
     internal::PackRows(At(it.v, src, shape.dtype), shape.dtype, kv_stride, n, D, 1.f,
                        k + (len + first - seg.begin) * D, D);
   };
-  WaveRunner runner(pool, tasks, wave, compute, merge);
+  WaveRunner runner(pool, tasks, wave, internal::WavePairs(D), compute, merge);
   for (const Batch& b : batches) {
     PackBatch(&runner, segments, b.segment_begin, b.segment_end, pack);
     if (!runner.Run(b.task_begin, b.task_end, stop)) return false;
@@ -527,7 +527,7 @@ bool Backward(const AttentionShape& shape, absl::Span<const BwdWorkItem> items,
                          base + (group + j) * len * Dp, Dp);
     }
   };
-  WaveRunner runner(pool, tasks, wave, compute, merge);
+  WaveRunner runner(pool, tasks, wave, internal::WavePairs(D), compute, merge);
   for (const Batch& b : batches) {
     PackBatch(&runner, segments, b.segment_begin, b.segment_end, pack);
     if (!runner.Run(b.task_begin, b.task_end, stop)) return false;

@@ -71,7 +71,7 @@ bool WaveRunner::Run(size_t begin, size_t end, const StopFn* stop) {
     }
     int64_t count = 1, pairs = tasks_[first].cost;
     while (count < wave_ && first + count < n &&
-           pairs + tasks_[first + count].cost <= kWavePairs) {
+           pairs + tasks_[first + count].cost <= wave_pairs_) {
       pairs += tasks_[first + count].cost;
       ++count;
     }

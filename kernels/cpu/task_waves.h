@@ -8,6 +8,7 @@
 #ifndef HSAP_KERNELS_CPU_TASK_WAVES_H_
 #define HSAP_KERNELS_CPU_TASK_WAVES_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -19,12 +20,20 @@
 
 namespace hsap::kernels::cpu::internal {
 
-// Waves hold (beyond their first task) at most this many allowed pairs: a
-// constant, so the merge order never depends on the pool, and small enough
-// that a wave takes a few milliseconds — the quantum at which concurrent
-// calls on one pool take turns (ThreadPool serves callers first come,
-// first served).
-inline constexpr int64_t kWavePairs = int64_t{1} << 21;
+// Waves hold (beyond their first task) at most WavePairs(head_dim) allowed
+// pairs: 2^21 at head dims of 128 and more, and as many more at smaller ones
+// as keeps a wave's arithmetic (pairs x head dim) the same, 2^28. It
+// depends on the shape only, so the merge order never depends on the pool;
+// a wave takes a few milliseconds, the quantum at which concurrent calls on
+// one pool take turns (ThreadPool serves callers first come, first served).
+// A wave ends in a barrier whose cost is a wake-up and, on average, half a
+// tile of one idle thread: at D = 32 a fixed 2^21 made waves of ~0.6 ms,
+// and the 4x larger ones measured +2 to +6 % forward on the 2-core VM
+// (kernels/cpu/README.md).
+inline constexpr int64_t kWaveWork = int64_t{1} << 28;
+inline int64_t WavePairs(int head_dim) {
+  return kWaveWork / std::clamp(head_dim, 32, 128);
+}
 
 // fn(i) for i < n on `pool` (may be null: in the calling thread).
 void RunParallel(ThreadPool* pool, int64_t n, const std::function<void(int64_t)>& fn);
@@ -68,7 +77,7 @@ std::vector<Batch> MakeBatches(std::vector<Task>* tasks, std::vector<Segment>* s
                                const std::function<int64_t(const Segment&)>& rows,
                                int64_t* max_batch_floats);
 
-// Runs tasks in waves of at most `wave` tasks and kWavePairs pairs:
+// Runs tasks in waves of at most `wave` tasks and `wave_pairs` pairs:
 // compute(index, slot) for a wave's tasks in parallel (slot in [0, 2 wave)
 // names the task's private buffers), then merge(index, slot) for each of
 // them in index order. A wave's merge runs as one more job of the next
@@ -78,10 +87,10 @@ std::vector<Batch> MakeBatches(std::vector<Task>* tasks, std::vector<Segment>* s
 class WaveRunner {
  public:
   using Fn = std::function<void(int64_t, int64_t)>;
-  WaveRunner(ThreadPool* pool, const std::vector<Task>& tasks, int64_t wave, Fn compute,
-             Fn merge)
-      : pool_(pool), tasks_(tasks), wave_(wave), compute_(std::move(compute)),
-        merge_(std::move(merge)) {}
+  WaveRunner(ThreadPool* pool, const std::vector<Task>& tasks, int64_t wave, int64_t wave_pairs,
+             Fn compute, Fn merge)
+      : pool_(pool), tasks_(tasks), wave_(wave), wave_pairs_(wave_pairs),
+        compute_(std::move(compute)), merge_(std::move(merge)) {}
 
   // job(i) for i < n in parallel, beside the pending merge (which it completes).
   void Parallel(int64_t n, const std::function<void(int64_t)>& job);
@@ -98,6 +107,7 @@ class WaveRunner {
   ThreadPool* pool_;
   const std::vector<Task>& tasks_;
   const int64_t wave_;
+  const int64_t wave_pairs_;
   const Fn compute_, merge_;
   int64_t parity_ = 0;
   int64_t pending_first_ = 0, pending_count_ = 0, pending_slot_ = 0;
