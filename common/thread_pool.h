@@ -21,7 +21,9 @@ class ThreadPool {
   int num_threads() const;
 
   // Calls fn(i) for every i in [0, n), spread over the threads, and returns
-  // when all calls have returned. Not reentrant: fn must not call
+  // when all calls have returned. Threads that run out of work watch for
+  // the next job (or the caller for the workers' end) for up to 50 us
+  // before they sleep (thread_pool.cc). Not reentrant: fn must not call
   // ParallelFor on the same pool. Thread-safe: concurrent callers are
   // serialised in the order they arrived (first come, first served).
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);

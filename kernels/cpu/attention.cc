@@ -54,7 +54,8 @@ using internal::Task;
 using internal::WaveRunner;
 
 // Waves hold at most this many tasks (and internal::WavePairs(D) pairs):
-// constants, so the merge order never depends on the pool.
+// they depend on the shape only, never on the pool; merges run in task
+// order whatever the waves (task_waves.h).
 constexpr int64_t kForwardWave = 64;
 constexpr int64_t kBackwardWave = 32;
 // Keys a forward task streams at most: an item's keys are cut into chunks
