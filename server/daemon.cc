@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/version.h"
+#include "kernels/cpu/attention.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
@@ -67,6 +68,11 @@ absl::StatusOr<shm::RegionLimits> ResolveRegionLimits(const DaemonOptions& optio
   if (options.max_call_groups < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_call_groups is ", options.max_call_groups,
                                                    "; it must be >= 1"));
+  }
+  if (options.kernel_scratch_cache_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("kernel_scratch_cache_bytes is ",
+                                                   options.kernel_scratch_cache_bytes,
+                                                   "; it must be >= 0"));
   }
   return limits;
 }
@@ -230,6 +236,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                                          : exec::DefaultMemoryBudgetBytes();
   auto region_limits = ResolveRegionLimits(options);
   if (!region_limits.ok()) return region_limits.status();
+  kernels::cpu::SetScratchCacheLimit(static_cast<size_t>(options.kernel_scratch_cache_bytes));
   d->state_ = std::make_unique<DaemonState>(threads, runner, devices, *region_limits,
                                             plan_threads, budget, options.emulate_flops_per_s);
   d->WireLimits(*region_limits);
@@ -495,6 +502,7 @@ void Daemon::WireLimits(const shm::RegionLimits& limits) {
   m.SetLimit("max_message_bytes", kMaxLocalMessageBytes);
   m.SetLimit("max_tcp_message_bytes", kMaxTcpMessageBytes);
   m.SetLimit("plan_cache_bytes", static_cast<double>(plan::PlanCacheOptions().max_bytes));
+  m.SetLimit("kernel_scratch_cache_bytes", static_cast<double>(options_.kernel_scratch_cache_bytes));
   HSAP_LOG(INFO) << "caps: " << options_.max_sessions << " sessions, "
                  << limits.max_regions_per_session << " regions per session, "
                  << limits.max_regions << " regions, " << limits.max_bytes_per_session

@@ -60,6 +60,10 @@ struct DaemonOptions {
   // CPU device slots ("--devices=cpu:N") and kernel threads (0 = one per core).
   int cpu_devices = 1;
   int cpu_threads = 0;
+  // Free CPU kernel scratch blocks kept between calls for the next to reuse
+  // (kernels::cpu::SetScratchCacheLimit): saves faulting their pages in
+  // again. Process-wide: the last daemon created in a process sets it.
+  int64_t kernel_scratch_cache_bytes = int64_t{64} << 20;
   // Emulation only (bench/emulated_cluster): > 0 holds each slot's
   // attention kernels to this rate (exec/paced_backend.h).
   double emulate_flops_per_s = 0;

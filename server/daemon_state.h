@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "server/exec/attention_call.h"
 #include "server/exec/call_gate.h"
 #include "server/exec/call_matcher.h"
@@ -58,6 +59,7 @@ struct DaemonState {
                        static_cast<int64_t>(regions.total_bytes()));
     metrics.SetRegionMappings(static_cast<int64_t>(regions.live_mappings()));
     metrics.SetCallGroups(matcher.num_groups());
+    metrics.SetKernelScratchBytes(static_cast<int64_t>(kernels::cpu::ScratchCacheBytes()));
     if (cluster != nullptr) metrics.SetPeerLayer(cluster->GroupCounts(), cluster->PeerCounts());
     metrics.SetSessions(sessions.num_sessions());
     const plan::PlanCacheStats s = plans.Stats();

@@ -61,6 +61,9 @@ ABSL_FLAG(double, emulate_flops_per_s, 0,
 ABSL_FLAG(int, plan_compile_threads, 0,
           "threads compiling one plan (used from 64 ranks; the plan does not depend on it); "
           "0 = one per core, at most 8");
+ABSL_FLAG(int64_t, kernel_scratch_cache_bytes, int64_t{64} << 20,
+          "free CPU kernel scratch (blocks of 1 MiB or more) kept between calls for the next "
+          "to reuse, instead of faulting fresh pages in; 0 = none");
 ABSL_FLAG(int64_t, memory_budget_bytes, 0,
           "call memory (accumulators, stage buffers) all calls together may hold; a call that "
           "does not fit is RESOURCE_EXHAUSTED. 0 = half of the machine's memory");
@@ -170,6 +173,7 @@ int main(int argc, char** argv) {
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.plan_pages = absl::GetFlag(FLAGS_plan_pages);
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.kernel_scratch_cache_bytes = absl::GetFlag(FLAGS_kernel_scratch_cache_bytes);
   options.emulate_flops_per_s = absl::GetFlag(FLAGS_emulate_flops_per_s);
   options.plan_compile_threads = absl::GetFlag(FLAGS_plan_compile_threads);
   options.call_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_call_deadline_ms));

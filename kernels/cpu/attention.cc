@@ -1,10 +1,11 @@
 // Work-item scheduling for the CPU attention kernels (attention.h).
 //
-// Forward: one task per (item, query head, block of kBlockQ rows, chunk of
-// keys); the key chunks are the kFwdKeyChunk-aligned pieces of the item's
-// keys, so the tasks of every query block and every query head of a KV head
-// read the same *segment*: one (KV head, item, key chunk) whose K and V rows
-// are packed once (fp32, contiguous; tile_kernels.h) before its tasks run.
+// Forward: one task per (item, query head, block of kBlockQ rows, half as
+// many at D >= 256, chunk of keys); the key chunks are the
+// kFwdKeyChunk-aligned pieces of the item's keys, so the tasks of every
+// query block and every query head of a KV head read the same *segment*:
+// one (KV head, item, key chunk) whose K and V rows are packed once (fp32,
+// contiguous; tile_kernels.h) before its tasks run.
 // Backward: one task per (item, KV head, block of kBwdBlockK keys, run of the
 // query rows that see them inside one kBwdChunkRows-aligned chunk); the
 // segment is (KV head, item, row chunk), whose Q (pre-scaled) and dO rows of
@@ -230,10 +231,14 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
   const int64_t chunks = first_chunk.back();
   std::vector<Segment> segments(static_cast<size_t>(chunks * Hkv));
   std::vector<Task> tasks;
+  // At D >= 256 a tile of kBlockQ rows has a 64 KiB Q^T and O^T each, more
+  // than the L1 holds; half as many rows measured up to 16 % faster on the
+  // MHA shapes (docs/results/kernel_bench.md).
+  const int64_t block_rows = D >= 256 ? kBlockQ / 2 : kBlockQ;
   for (size_t n = 0; n < items.size(); ++n) {
     const FwdWorkItem& it = items[n];
-    for (int64_t r0 = 0; r0 < it.num_q; r0 += kBlockQ) {
-      const int64_t r1 = std::min(it.num_q, r0 + kBlockQ);
+    for (int64_t r0 = 0; r0 < it.num_q; r0 += block_rows) {
+      const int64_t r1 = std::min(it.num_q, r0 + block_rows);
       int64_t k0, k1;
       internal::KeysSeenByRows(it.type, it.offset, it.window, it.num_k, r0, r1, &k0, &k1);
       if (k0 >= k1) continue;  // these rows see nothing: accumulators stay as they are
@@ -292,7 +297,7 @@ bool Forward(const AttentionShape& shape, absl::Span<const FwdWorkItem> items, T
       tile.v = k + n * D;
       tile.kv_row_stride = D;
     }
-    tile.num_rows = static_cast<int>(std::min<int64_t>(kBlockQ, it.num_q - task.block_begin));
+    tile.num_rows = static_cast<int>(std::min<int64_t>(block_rows, it.num_q - task.block_begin));
     tile.first_row = task.block_begin;
     tile.num_k = task.key_end - task.key_begin;
     tile.type = it.type;
@@ -578,6 +583,10 @@ void MergePartial(int num_heads, int head_dim, int64_t num_rows, float* o_a, flo
   }
 }
 
+void SetScratchCacheLimit(size_t bytes) { internal::SetScratchCacheLimit(bytes); }
+
+size_t ScratchCacheBytes() { return internal::CachedScratchBytes(); }
+
 void CastFromFloat(const float* src, int64_t n, DType dtype, void* dst, ThreadPool* pool) {
   constexpr int64_t kChunk = int64_t{1} << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
@@ -606,7 +615,7 @@ void VarlenForward(const AttentionShape& shape, const void* q, const void* k, co
   ScratchPtr o_storage;
   float* o_acc = static_cast<float*>(o);
   if (shape.dtype != DType::kFloat32) {
-    o_storage = Scratch(static_cast<size_t>(num_q * q_row), /*keep=*/true);
+    o_storage = Scratch(static_cast<size_t>(num_q * q_row));
     o_acc = o_storage.get();
   }
   FillParallel(o_acc, num_q * q_row, 0.f, pool);
@@ -645,7 +654,7 @@ void VarlenBackward(const AttentionShape& shape, const void* q, const void* k, c
   auto accumulator = [&](void* out, int64_t n, ScratchPtr* storage) {
     float* acc = static_cast<float*>(out);
     if (!fp32) {
-      *storage = Scratch(static_cast<size_t>(n), /*keep=*/true);
+      *storage = Scratch(static_cast<size_t>(n));
       acc = storage->get();
     }
     FillParallel(acc, n, 0.f, pool);

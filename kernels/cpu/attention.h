@@ -27,6 +27,7 @@
 #ifndef HSAP_KERNELS_CPU_ATTENTION_H_
 #define HSAP_KERNELS_CPU_ATTENTION_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 
@@ -77,6 +78,16 @@ void MergePartial(int num_heads, int head_dim, int64_t num_rows, float* o_a, flo
 
 // Converts an fp32 buffer of n elements to `dtype` (round to nearest even).
 void CastFromFloat(const float* src, int64_t n, DType dtype, void* dst, ThreadPool* pool);
+
+// The kernels' scratch (packed operands, partial results, the Varlen
+// functions' fp32 accumulators): blocks of 1 MiB or more are kept when a
+// call ends, for the next call to reuse, up to `bytes` of free blocks in all
+// (the oldest go first; 0 keeps none). The default is 512 MiB; hsapd sets
+// --kernel_scratch_cache_bytes. Reusing a block saves faulting in its pages
+// again (kernels/cpu/scratch.h). Thread-safe.
+void SetScratchCacheLimit(size_t bytes);
+// Bytes of free scratch blocks held now.
+size_t ScratchCacheBytes();
 
 // Single-rank packed attention, the whole call: Q rows [0, num_q) against K/V
 // rows [0, num_k) under `slices` (validated by the caller).

@@ -45,19 +45,32 @@ class Cache {
     return p;
   }
 
+  // Takes the block (capacity floats) into the cache, or frees it when
+  // larger than the limit; evicts the oldest blocks beyond the limit.
   void Give(float* p, size_t capacity) {
     std::deque<std::pair<size_t, float*>> evicted;
     {
       absl::MutexLock lock(&mu_);
       free_.emplace_back(capacity, p);
       cached_bytes_ += capacity * sizeof(float);
-      while (cached_bytes_ > kCachedScratchBytes) {
-        cached_bytes_ -= free_.front().first * sizeof(float);
-        evicted.push_back(free_.front());
-        free_.pop_front();
-      }
+      Evict(&evicted);
     }
     for (const auto& [c, q] : evicted) FreeFloats(q);
+  }
+
+  void SetLimit(size_t bytes) {
+    std::deque<std::pair<size_t, float*>> evicted;
+    {
+      absl::MutexLock lock(&mu_);
+      limit_ = bytes;
+      Evict(&evicted);
+    }
+    for (const auto& [c, q] : evicted) FreeFloats(q);
+  }
+
+  size_t limit() {
+    absl::MutexLock lock(&mu_);
+    return limit_;
   }
 
   size_t cached_bytes() {
@@ -66,9 +79,18 @@ class Cache {
   }
 
  private:
+  void Evict(std::deque<std::pair<size_t, float*>>* evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (cached_bytes_ > limit_) {
+      cached_bytes_ -= free_.front().first * sizeof(float);
+      evicted->push_back(free_.front());
+      free_.pop_front();
+    }
+  }
+
   absl::Mutex mu_;
   std::deque<std::pair<size_t, float*>> free_ ABSL_GUARDED_BY(mu_);
   size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t limit_ ABSL_GUARDED_BY(mu_) = kDefaultScratchCacheBytes;
 };
 
 Cache& TheCache() {
@@ -80,19 +102,18 @@ Cache& TheCache() {
 
 void ScratchDeleter::operator()(float* p) const {
   if (p == nullptr) return;
-  if (keep && kScratchCacheEnabled && capacity * sizeof(float) >= kMinCachedScratchBytes &&
-      capacity * sizeof(float) <= kCachedScratchBytes) {
+  if (kScratchCacheEnabled && capacity * sizeof(float) >= kMinCachedScratchBytes) {
     TheCache().Give(p, capacity);
   } else {
     FreeFloats(p);
   }
 }
 
-ScratchPtr Scratch(size_t n, bool keep) {
+ScratchPtr Scratch(size_t n) {
   n = std::max<size_t>(n, 1);
   size_t capacity = n;
   float* p = nullptr;
-  if (keep && kScratchCacheEnabled && n * sizeof(float) >= kMinCachedScratchBytes) {
+  if (kScratchCacheEnabled && n * sizeof(float) >= kMinCachedScratchBytes) {
     p = TheCache().Take(n, &capacity);
   }
   if (p == nullptr) {
@@ -103,9 +124,12 @@ ScratchPtr Scratch(size_t n, bool keep) {
 #if defined(ADDRESS_SANITIZER) || defined(THREAD_SANITIZER)
   std::fill(p, p + capacity, std::numeric_limits<float>::quiet_NaN());
 #endif
-  return ScratchPtr(p, ScratchDeleter{capacity, keep});
+  return ScratchPtr(p, ScratchDeleter{capacity});
 }
 
 size_t CachedScratchBytes() { return TheCache().cached_bytes(); }
+size_t ScratchCacheLimit() { return TheCache().limit(); }
+
+void SetScratchCacheLimit(size_t bytes) { TheCache().SetLimit(bytes); }
 
 }  // namespace hsap::kernels::cpu::internal

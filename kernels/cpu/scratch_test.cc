@@ -24,40 +24,67 @@ TEST(Scratch, ALargeBlockIsReusedByTheNextCallThatFits) {
   const size_t n = 8 * kMiB / sizeof(float);
   float* first;
   {
-    ScratchPtr p = Scratch(n, /*keep=*/true);
+    ScratchPtr p = Scratch(n);
     first = p.get();
   }
   EXPECT_GE(CachedScratchBytes(), 8 * kMiB);
   {
-    ScratchPtr q = Scratch(n - 1000, true);  // fits: the same block
+    ScratchPtr q = Scratch(n - 1000);  // fits: the same block
     EXPECT_EQ(q.get(), first);
-    ScratchPtr r = Scratch(n, true);  // the block is taken: a new one
+    ScratchPtr r = Scratch(n);  // the block is taken: a new one
     EXPECT_NE(r.get(), first);
   }
   {
     // Less than half the block: not handed out (it would hold memory the
     // call does not use).
-    ScratchPtr small = Scratch(2 * kMiB / sizeof(float), true);
+    ScratchPtr small = Scratch(2 * kMiB / sizeof(float));
     EXPECT_NE(small.get(), first);
   }
 }
 
-TEST(Scratch, OnlyKeptBlocksAreCached) {
+TEST(Scratch, SmallBlocksAreNotCached) {
   const size_t before = CachedScratchBytes();
-  { ScratchPtr p = Scratch(16 * kMiB / sizeof(float)); }
+  { ScratchPtr p = Scratch(kMinCachedScratchBytes / sizeof(float) - 1); }
   EXPECT_EQ(CachedScratchBytes(), before);
 }
 
-TEST(Scratch, TheCacheHoldsAtMostItsBound) {
+TEST(Scratch, TheCacheHoldsAtMostItsLimit) {
   if (!kScratchCacheEnabled) GTEST_SKIP() << "sanitized build: nothing is cached";
-  const size_t block = kCachedScratchBytes / 4;
+  const size_t block = kDefaultScratchCacheBytes / 4;
   const size_t n = block / sizeof(float);
   {
-    ScratchPtr a = Scratch(n, true), b = Scratch(n, true), c = Scratch(n, true),
-               d = Scratch(n, true), e = Scratch(n, true);
+    ScratchPtr a = Scratch(n), b = Scratch(n), c = Scratch(n),
+               d = Scratch(n), e = Scratch(n);
   }
-  EXPECT_LE(CachedScratchBytes(), kCachedScratchBytes);
-  EXPECT_GE(CachedScratchBytes(), kCachedScratchBytes - block);
+  EXPECT_LE(CachedScratchBytes(), kDefaultScratchCacheBytes);
+  EXPECT_GE(CachedScratchBytes(), kDefaultScratchCacheBytes - block);
+}
+
+TEST(Scratch, ALowerLimitFreesTheOldestBlocksAtOnce) {
+  if (!kScratchCacheEnabled) GTEST_SKIP() << "sanitized build: nothing is cached";
+  const size_t n = 4 * kMiB / sizeof(float);
+  float* newest;
+  {
+    ScratchPtr a = Scratch(n), b = Scratch(n), c = Scratch(n);
+    newest = c.get();
+    a.reset();
+    b.reset();
+  }  // c goes back last
+  ASSERT_GE(CachedScratchBytes(), 12 * kMiB);
+  SetScratchCacheLimit(6 * kMiB);
+  EXPECT_EQ(ScratchCacheLimit(), 6 * kMiB);
+  EXPECT_LE(CachedScratchBytes(), 6 * kMiB);
+  EXPECT_GE(CachedScratchBytes(), 4 * kMiB);
+  {
+    ScratchPtr again = Scratch(n);  // the newest block stayed
+    EXPECT_EQ(again.get(), newest);
+  }
+  // Limit 0: a block is freed at the end of its call.
+  SetScratchCacheLimit(0);
+  EXPECT_EQ(CachedScratchBytes(), 0u);
+  { ScratchPtr p = Scratch(n); }
+  EXPECT_EQ(CachedScratchBytes(), 0u);
+  SetScratchCacheLimit(kDefaultScratchCacheBytes);
 }
 
 }  // namespace

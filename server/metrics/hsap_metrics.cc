@@ -62,7 +62,11 @@ HsapMetrics::HsapMetrics(Registry* registry, HsapMetricsOptions options)
                                        "Client memory mappings alive (regions, and unregistered "
                                        "ones a call still uses).")),
       call_groups_(UnlabelledGauge(registry, "hsap_call_groups",
-                                   "Call groups the call matcher keeps state for.")) {
+                                   "Call groups the call matcher keeps state for.")),
+      kernel_scratch_bytes_(UnlabelledGauge(
+          registry, "hsap_kernel_scratch_cached_bytes",
+          "Free CPU kernel scratch blocks kept for the next call (at most "
+          "--kernel_scratch_cache_bytes).")) {
   Family<Gauge>& limits = BuildGauge()
                               .Name("hsap_limit")
                               .Help("The value of each cap, by its hsapd flag name.")
@@ -214,6 +218,9 @@ bool HsapMetrics::RecordLimitRefusal(absl::string_view limit) {
 }
 
 void HsapMetrics::SetRegionMappings(int64_t count) { region_mappings_.Set(count); }
+void HsapMetrics::SetKernelScratchBytes(int64_t bytes) {
+  kernel_scratch_bytes_.Set(static_cast<double>(bytes));
+}
 
 void HsapMetrics::SetCallGroups(int64_t count) { call_groups_.Set(count); }
 

@@ -20,6 +20,7 @@
 //   hsap_limit_refusals_total{limit}                counter (requests a cap refused)
 //   hsap_region_mappings                            gauge (live client mappings)
 //   hsap_call_groups                                gauge (groups the matcher tracks)
+//   hsap_kernel_scratch_cached_bytes                gauge (free CPU kernel scratch kept)
 //   hsap_groups{state}                              gauge (multi-node groups: FORMING, UP, FAILED)
 //   hsap_peers{state}                               gauge (run-time peers: JOINING, UP, SUSPECT, DOWN)
 //   hsap_build_info{version}                        gauge, always 1
@@ -65,11 +66,11 @@ inline constexpr std::array<absl::string_view, 7> kStrategyLabels = {
 
 // The limit label values: hsapd's flag names of its caps
 // (docs/reliability.md lists them with their defaults).
-inline constexpr std::array<absl::string_view, 11> kLimitLabels = {
+inline constexpr std::array<absl::string_view, 12> kLimitLabels = {
     "max_sessions",          "max_pending_fds_per_session", "max_regions_per_session",
     "max_regions",           "max_region_bytes_per_session", "max_region_bytes",
     "max_region_mappings",   "max_call_groups",              "plan_cache_bytes",
-    "max_message_bytes",     "max_peers"};
+    "max_message_bytes",     "max_peers",                    "kernel_scratch_cache_bytes"};
 
 struct HsapMetricsOptions {
   // Label values of hsap_device_busy_seconds_total, one per device slot of
@@ -147,6 +148,9 @@ class HsapMetrics {
   // Live client mappings and call groups.
   void SetRegionMappings(int64_t count);
   void SetCallGroups(int64_t count);
+  // Bytes of free CPU kernel scratch blocks kept for the next call
+  // (kernels::cpu::ScratchCacheBytes).
+  void SetKernelScratchBytes(int64_t bytes);
   // Multi-node groups by state (FORMING, UP, FAILED) and run-time peers by
   // state (JOINING, UP, SUSPECT, DOWN): Cluster::GroupCounts / PeerCounts.
   void SetPeerLayer(const std::array<int, 3>& groups, const std::array<int, 4>& peers);
@@ -178,6 +182,7 @@ class HsapMetrics {
   std::array<Counter*, kLimitLabels.size()> limit_refusals_{};
   Gauge& region_mappings_;
   Gauge& call_groups_;
+  Gauge& kernel_scratch_bytes_;
   std::array<Gauge*, 3> groups_by_state_{};
   std::array<Gauge*, 4> peers_by_state_{};
 

@@ -37,6 +37,7 @@ TEST_F(HsapMetricsTest, FixedSeriesExistAtZero) {
            "hsap_region_bytes 0",
            "hsap_sessions 0",
            "hsap_queue_depth 0",
+           "hsap_kernel_scratch_cached_bytes 0",
            "hsap_transfer_bytes_total{direction=\"received\",tier=\"inter_node\"} 0",
            "hsap_transfer_bytes_total{direction=\"sent\",tier=\"intra_node\"} 0",
            "hsap_device_busy_seconds_total{device=\"cpu:0\"} 0",
@@ -58,11 +59,15 @@ TEST_F(HsapMetricsTest, LimitsAndTheirRefusals) {
   EXPECT_FALSE(metrics_.RecordLimitRefusal("group-7"));
   metrics_.SetRegionMappings(12);
   metrics_.SetCallGroups(3);
+  EXPECT_TRUE(metrics_.SetLimit("kernel_scratch_cache_bytes", 64 << 20));
+  metrics_.SetKernelScratchBytes(5 << 20);
   const std::string text = Text();
   for (const char* line : {"hsap_limit{limit=\"max_sessions\"} 256",
                            "hsap_limit_refusals_total{limit=\"max_sessions\"} 2",
                            "hsap_limit_refusals_total{limit=\"max_call_groups\"} 0",
-                           "hsap_region_mappings 12", "hsap_call_groups 3"}) {
+                           "hsap_region_mappings 12", "hsap_call_groups 3",
+                           "hsap_limit{limit=\"kernel_scratch_cache_bytes\"} 6.7108864e+07",
+                           "hsap_kernel_scratch_cached_bytes 5.24288e+06"}) {
     EXPECT_TRUE(HasLine(text, line)) << line << "\n" << text;
   }
   EXPECT_FALSE(absl::StrContains(text, "max_unicorns"));

@@ -1,12 +1,16 @@
 // The real hsapd binary as a child process: a client that disconnects
 // without unregistering leaves no mapping behind; health is SERVING while up
 // and NOT_SERVING while draining; a drain lets the call in flight finish,
-// refuses new ones, and exits 0.
+// refuses new ones, and exits 0; the kernels' scratch kept between calls
+// stays within --kernel_scratch_cache_bytes, which /metrics reports, and a
+// negative value is refused at start.
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdio>
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +20,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "server/metrics/test_util.h"
 #include "tests/integration/test_daemon.h"
 
 namespace hsap {
@@ -23,8 +28,9 @@ namespace {
 
 using grpc::health::v1::HealthCheckResponse;
 
-std::unique_ptr<testing::DaemonProcess> StartDaemon() {
-  auto p = testing::DaemonProcess::Start(testing::Runfile("server/hsapd"), {"--cpu_threads=2"});
+std::unique_ptr<testing::DaemonProcess> StartDaemon(std::vector<std::string> flags = {}) {
+  flags.push_back("--cpu_threads=2");
+  auto p = testing::DaemonProcess::Start(testing::Runfile("server/hsapd"), flags);
   EXPECT_TRUE(p.ok()) << p.status();
   return p.ok() ? std::move(p).value() : nullptr;
 }
@@ -118,6 +124,83 @@ TEST(DaemonProcessTest, DrainReportsNotServingAndFinishesTheCallInFlight) {
   const int status = daemon->Wait(30);
   ASSERT_NE(status, -1) << "hsapd did not exit after draining";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// The value of the /metrics line `series <value>` (-1 when absent or when
+// the scrape fails).
+double ScrapeMetric(int port, const std::string& series) {
+  auto r = metrics::testing::HttpRequest(port, "GET", "/metrics");
+  if (!r.ok()) return -1;
+  std::istringstream in(r->body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return -1;
+}
+
+// A forward and a backward call whose packed K/V and partial results are
+// blocks of more than 1 MiB: what they leave for the next call is at most
+// the flag (the default, 64 MiB, or 0: nothing), and /metrics says so.
+TEST(DaemonProcessTest, KernelScratchKeptBetweenCallsStaysWithinItsFlag) {
+  for (const int64_t limit : {int64_t{-1}, int64_t{0}}) {  // -1: the default
+    auto port = metrics::testing::PickFreeLoopbackPort();
+    ASSERT_TRUE(port.ok()) << port.status();
+    const int metrics_port = *port;
+    std::vector<std::string> flags = {absl::StrCat("--metrics_port=", metrics_port)};
+    if (limit >= 0) flags.push_back(absl::StrCat("--kernel_scratch_cache_bytes=", limit));
+    auto daemon = StartDaemon(flags);
+    ASSERT_NE(daemon, nullptr);
+    const double expected_limit = limit >= 0 ? limit : 64 << 20;
+    EXPECT_EQ(ScrapeMetric(metrics_port, "hsap_limit{limit=\"kernel_scratch_cache_bytes\"}"),
+              expected_limit);
+    EXPECT_EQ(ScrapeMetric(metrics_port, "hsap_kernel_scratch_cached_bytes"), 0);
+    auto client = client::Client::Connect(daemon->socket());
+    ASSERT_TRUE(client.ok()) << client.status();
+    constexpr int64_t kTokens = 2048;
+    auto b = client::AttentionBuffers::Create(client->get(), {kTokens, 4, 4, 64, DType::kFloat32},
+                                              "scratch");
+    ASSERT_TRUE(b.ok()) << b.status();
+    (*b)->FillInputs(5);
+    hsap::v1::CallId call;
+    call.set_group("scratch");
+    call.set_group_size(1);
+    call.set_call_seq(1);
+    const auto mask = client::DocumentMask({0, kTokens}, true);
+    auto fwd = (*client)->Forward((*b)->ForwardRequest(call, mask, {}));
+    ASSERT_TRUE(fwd.ok()) << fwd.status();
+    call.set_call_seq(2);
+    auto bwd = (*client)->Backward((*b)->BackwardRequest(call, mask, {}));
+    ASSERT_TRUE(bwd.ok()) << bwd.status();
+    const double kept = ScrapeMetric(metrics_port, "hsap_kernel_scratch_cached_bytes");
+#if defined(__SANITIZE_ADDRESS__) || defined(ADDRESS_SANITIZER) || \
+    defined(__SANITIZE_THREAD__) || defined(THREAD_SANITIZER)
+    EXPECT_EQ(kept, 0) << "sanitized builds cache nothing";
+#else
+    if (limit == 0) {
+      EXPECT_EQ(kept, 0);
+    } else {
+      EXPECT_GE(kept, 1 << 20);  // 4 MiB of packed K/V alone
+      EXPECT_LE(kept, expected_limit);
+    }
+#endif
+  }
+}
+
+TEST(DaemonProcessTest, ANegativeScratchCacheIsRefusedAtStart) {
+  testing::TempDir dir;
+  const std::string command = absl::StrCat(testing::Runfile("server/hsapd"), " --socket=",
+                                           dir.path(), "/hsapd.sock --kernel_scratch_cache_bytes=-1 2>&1");
+  FILE* out = popen(command.c_str(), "r");
+  ASSERT_NE(out, nullptr);
+  std::string text;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), out) != nullptr) text += buf;
+  const int status = pclose(out);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+  EXPECT_NE(text.find("kernel_scratch_cache_bytes is -1; it must be >= 0"), std::string::npos)
+      << text;
 }
 
 }  // namespace
