@@ -8,7 +8,6 @@
 #include <sys/wait.h>
 
 #include <chrono>
-#include <cstdio>
 #include <future>
 #include <sstream>
 #include <thread>
@@ -188,19 +187,11 @@ TEST(DaemonProcessTest, KernelScratchKeptBetweenCallsStaysWithinItsFlag) {
 }
 
 TEST(DaemonProcessTest, ANegativeScratchCacheIsRefusedAtStart) {
-  testing::TempDir dir;
-  const std::string command = absl::StrCat(testing::Runfile("server/hsapd"), " --socket=",
-                                           dir.path(), "/hsapd.sock --kernel_scratch_cache_bytes=-1 2>&1");
-  FILE* out = popen(command.c_str(), "r");
-  ASSERT_NE(out, nullptr);
-  std::string text;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), out) != nullptr) text += buf;
-  const int status = pclose(out);
-  ASSERT_TRUE(WIFEXITED(status)) << text;
-  EXPECT_EQ(WEXITSTATUS(status), 1) << text;
-  EXPECT_NE(text.find("kernel_scratch_cache_bytes is -1; it must be >= 0"), std::string::npos)
-      << text;
+  const testing::HsapdExit run = testing::RunHsapdUntilExit("--kernel_scratch_cache_bytes=-1");
+  ASSERT_TRUE(WIFEXITED(run.status)) << run.output;
+  EXPECT_EQ(WEXITSTATUS(run.status), 1) << run.output;
+  EXPECT_NE(run.output.find("kernel_scratch_cache_bytes is -1; it must be >= 0"), std::string::npos)
+      << run.output;
 }
 
 }  // namespace

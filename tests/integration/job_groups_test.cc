@@ -384,15 +384,9 @@ TEST(JobGroupsTest, HsapdRefusesBadAdvertisedAddresses) {
       {absl::StrCat("--port=", port, " --max_peers=0"), {"max_peers is 0; it must be >= 1"}},
   };
   for (const Case& k : cases) {
-    TempDir dir;
-    const std::string command = absl::StrCat(Runfile("server/hsapd"), " --socket=", dir.path(),
-                                             "/hsapd.sock ", k.flags, " 2>&1");
-    FILE* out = popen(command.c_str(), "r");
-    ASSERT_NE(out, nullptr);
-    std::string text;
-    char buf[512];
-    while (fgets(buf, sizeof(buf), out) != nullptr) text += buf;
-    const int status = pclose(out);
+    const HsapdExit run = RunHsapdUntilExit(k.flags);
+    const std::string& text = run.output;
+    const int status = run.status;
     ASSERT_TRUE(WIFEXITED(status)) << k.flags << "\n" << text;
     EXPECT_EQ(WEXITSTATUS(status), 1) << k.flags << "\n" << text;
     EXPECT_NE(text.find("hsapd failed to start"), std::string::npos) << text;

@@ -157,19 +157,12 @@ std::string WriteToken(const std::string& name, const std::string& token, mode_t
 }
 
 TEST(TokenFileTest, HsapdRefusesAReadableTokenFile) {
-  testing::TempDir dir;
   const std::string token = WriteToken("world_readable", kToken, 0644);
-  const std::string command =
-      absl::StrCat(testing::Runfile("server/hsapd"), " --socket=", dir.path(),
-                   "/hsapd.sock --port=", testing::FreePort(), " --token_file=", token, " 2>&1");
-  FILE* out = popen(command.c_str(), "r");
-  ASSERT_NE(out, nullptr);
-  std::string text;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), out) != nullptr) text += buf;
-  const int status = pclose(out);
-  ASSERT_TRUE(WIFEXITED(status)) << text;
-  EXPECT_EQ(WEXITSTATUS(status), 1) << text;
+  const testing::HsapdExit run = testing::RunHsapdUntilExit(
+      absl::StrCat("--port=", testing::FreePort(), " --token_file=", token));
+  const std::string& text = run.output;
+  ASSERT_TRUE(WIFEXITED(run.status)) << text;
+  EXPECT_EQ(WEXITSTATUS(run.status), 1) << text;
   EXPECT_THAT(text, HasSubstr("refuses to start"));
   EXPECT_THAT(text, HasSubstr("mode 0644"));
   EXPECT_THAT(text, HasSubstr("chmod 600"));

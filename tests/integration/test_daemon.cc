@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -43,6 +44,19 @@ std::unique_ptr<InProcessDaemon> StartInProcessDaemon(DaemonOptions options) {
   }
   d->daemon = std::move(daemon).value();
   return d;
+}
+
+HsapdExit RunHsapdUntilExit(const std::string& flags) {
+  TempDir dir;
+  const std::string command = absl::StrCat(Runfile("server/hsapd"), " --socket=", dir.path(),
+                                           "/hsapd.sock ", flags, " 2>&1");
+  HsapdExit result;
+  FILE* out = popen(command.c_str(), "r");
+  if (out == nullptr) return result;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), out) != nullptr) result.output += buf;
+  result.status = pclose(out);
+  return result;
 }
 
 std::string Runfile(const std::string& path) {

@@ -71,6 +71,15 @@ class DaemonProcess {
 // Path of a runfile such as "server/hsapd" under Bazel, or next to the repo.
 std::string Runfile(const std::string& path);
 
+// The real hsapd run with `flags` (space-separated; --socket in a fresh
+// TempDir comes first) until it exits, as for flags it must refuse: its
+// wait status (-1 when it could not run) and stdout + stderr together.
+struct HsapdExit {
+  int status = -1;
+  std::string output;
+};
+HsapdExit RunHsapdUntilExit(const std::string& flags);
+
 }  // namespace hsap::testing
 
 #endif  // HSAP_TESTS_INTEGRATION_TEST_DAEMON_H_
