@@ -45,15 +45,20 @@ class Cache {
     return p;
   }
 
-  // Takes the block (capacity floats) into the cache, or frees it when
-  // larger than the limit; evicts the oldest blocks beyond the limit.
+  // Takes the block (capacity floats) into the cache and evicts the oldest
+  // blocks beyond the limit; a block larger than the limit is freed and
+  // leaves the cache as it was.
   void Give(float* p, size_t capacity) {
     std::deque<std::pair<size_t, float*>> evicted;
     {
       absl::MutexLock lock(&mu_);
-      free_.emplace_back(capacity, p);
-      cached_bytes_ += capacity * sizeof(float);
-      Evict(&evicted);
+      if (capacity * sizeof(float) > limit_) {
+        evicted.emplace_back(capacity, p);
+      } else {
+        free_.emplace_back(capacity, p);
+        cached_bytes_ += capacity * sizeof(float);
+        Evict(&evicted);
+      }
     }
     for (const auto& [c, q] : evicted) FreeFloats(q);
   }

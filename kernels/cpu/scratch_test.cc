@@ -79,6 +79,15 @@ TEST(Scratch, ALowerLimitFreesTheOldestBlocksAtOnce) {
     ScratchPtr again = Scratch(n);  // the newest block stayed
     EXPECT_EQ(again.get(), newest);
   }
+  // A block larger than the limit is freed, not cached: the cache keeps
+  // what it held.
+  const size_t held = CachedScratchBytes();
+  { ScratchPtr big = Scratch(8 * kMiB / sizeof(float)); }
+  EXPECT_EQ(CachedScratchBytes(), held);
+  {
+    ScratchPtr again = Scratch(n);
+    EXPECT_EQ(again.get(), newest);
+  }
   // Limit 0: a block is freed at the end of its call.
   SetScratchCacheLimit(0);
   EXPECT_EQ(CachedScratchBytes(), 0u);
