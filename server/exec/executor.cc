@@ -55,7 +55,7 @@ class RankRun {
   absl::Status RunForwardItems(const SharedList<WorkItem>& items);
   absl::Status RunBackwardItems(const SharedList<WorkItem>& items);
   absl::Status ComputeDelta();
-  absl::Status ZeroReceivedGradients();
+  absl::Status ZeroReceivedGradients(const plan::TransferList& recvs);
   absl::Status RunStages();
   absl::Status FinishForward();
   absl::Status FinishBackward();
@@ -235,11 +235,20 @@ absl::Status RankRun::ComputeDelta() {
                                 m_.lse_stride);
 }
 
-// Received rows no item reads still return (zero) partials.
-absl::Status RankRun::ZeroReceivedGradients() {
-  for (const GroupedAcc* acc : {&m_.dk_recv, &m_.dv_recv}) {
-    for (int g = 0; g < acc->num_groups(); ++g) {
-      HSAP_RETURN_IF_ERROR(backend_->Fill(acc->At(g, 0), l_.recv_rows * acc->RowStride(g), 0.f));
+// The gradient rows of the K/V a stage receives start at zero (rows no item
+// reads still return zero partials). Zeroed before the stage's exchange:
+// the rows' previous partials (an earlier stage's, at the same rows) have
+// been returned by then, and a pipelined plan's chunks of rows, which its
+// later stages compute and return, are rows no other stage receives into.
+absl::Status RankRun::ZeroReceivedGradients(const plan::TransferList& recvs) {
+  const int64_t row_bytes = l_.rank_plan->kv_row_bytes;
+  for (const Transfer& t : recvs) {
+    if (t.payload != Payload::kKv || row_bytes <= 0) continue;
+    const int64_t row = t.buffer_offset / row_bytes, rows = t.bytes / row_bytes;
+    for (const GroupedAcc* acc : {&m_.dk_recv, &m_.dv_recv}) {
+      for (int g = 0; g < acc->num_groups(); ++g) {
+        HSAP_RETURN_IF_ERROR(backend_->Fill(acc->At(g, row), rows * acc->RowStride(g), 0.f));
+      }
     }
   }
   return absl::OkStatus();
@@ -257,14 +266,14 @@ absl::Status RankRun::RunStages() {
       HSAP_RETURN_IF_ERROR(RunForwardItems(st.items));
       continue;
     }
+    HSAP_RETURN_IF_ERROR(ZeroReceivedGradients(st.recvs));
+    // A pipelined plan's exchange also carries returns (of rows computed in
+    // earlier stages), added to the home dK/dV when it completes.
     HSAP_RETURN_IF_ERROR(Exchange(ExchangeTag(call_tag_, pass, si, 0), st.sends, st.recvs,
                                   [&] { return RunBackwardItems(st.overlap_items); }));
     // Home O and dO are complete after the head scatter.
     if (l_.head_group_size > 1 && s == 0) HSAP_RETURN_IF_ERROR(ComputeDelta());
-    if (!st.items.empty() || !st.return_sends.empty()) {
-      HSAP_RETURN_IF_ERROR(ZeroReceivedGradients());
-      HSAP_RETURN_IF_ERROR(RunBackwardItems(st.items));
-    }
+    HSAP_RETURN_IF_ERROR(RunBackwardItems(st.items));
     // Home items held back for it compute while the returns fly; the
     // returns are added to the home dK/dV after them (Exchange).
     HSAP_RETURN_IF_ERROR(Exchange(ExchangeTag(call_tag_, pass, si, 1), st.return_sends,

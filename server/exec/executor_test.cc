@@ -515,12 +515,14 @@ TEST(ExecutorValidation, RejectsMismatchedShapeRankAndBuffers) {
   EXPECT_NE(s.message().find("backend"), std::string::npos) << s;
 }
 
-// Items that compute while transfers fly read home rows only, and items
-// under the returns belong to backward stages: a plan (from a peer, say)
-// that breaks either is refused before anything moves. The compiler's own
+// Items that compute while transfers fly never read receive rows their
+// stage is receiving into (a pipelined plan's read rows of earlier stages),
+// items under the returns read home rows only and belong to backward
+// stages: a plan (from a peer, say) that breaks any of these is refused
+// before anything moves. The compiler's own
 // plan for slow compute holds such items and runs; it is mutated on every
 // rank so that no rank waits for another.
-TEST(ExecutorValidation, ItemsDuringTransfersReadHomeRowsOnly) {
+TEST(ExecutorValidation, ItemsDuringTransfersReadNoRowsInFlight) {
   Problem pr = FaultProblem(2, 2);
   pr.spec.strategy = Strategy::kSap;
   pr.spec.assignment = plan::AssignmentPolicy::kZigzag;  // two pieces per rank
@@ -537,16 +539,20 @@ TEST(ExecutorValidation, ItemsDuringTransfersReadHomeRowsOnly) {
     EXPECT_TRUE(ok.fwd_status[r].ok() && ok.bwd_status[r].ok())
         << ok.fwd_status[r] << " " << ok.bwd_status[r];
   }
+  // One row against receive row 0, which the (one-stage) plan's last stage
+  // receives into.
   plan::WorkItem recv_item;
   recv_item.kv_space = plan::RowSpace::kRecv;
+  recv_item.num_q = 1;
+  recv_item.num_k = 1;
   struct Case {
     bool backward;
     const char* list;
     const char* error;
   };
   for (const Case& c : {Case{false, "return_overlap_items", "return_overlap_items in a forward"},
-                        Case{true, "return_overlap_items", "reads kv space 2"},
-                        Case{false, "overlap_items", "reads kv space 2"}}) {
+                        Case{true, "return_overlap_items", "under the returns reads kv space 2"},
+                        Case{false, "overlap_items", "this stage's receives are writing"}}) {
     Plan bad = *plan;
     for (plan::RankPlan& rp : bad.ranks) {
       plan::Stage& st = (c.backward ? rp.backward : rp.forward).back();

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <iterator>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -101,6 +105,11 @@ absl::Status BufferExtents(RankLayout* l) {
     for (const Transfer& t : st.sends) send += t.bytes;
     for (const Transfer& t : st.return_sends) ret_send += t.bytes;
     for (const Transfer& t : st.recvs) {
+      if (t.payload == Payload::kGradKv) {
+        // Returns riding the stage's exchange (pipelined plans).
+        l->return_bytes = std::max(l->return_bytes, t.buffer_offset + t.bytes);
+        continue;
+      }
       if (t.space != RowSpace::kRecv) {
         staged += t.bytes;
         continue;
@@ -138,7 +147,9 @@ absl::Status CheckTransfer(const RankLayout& l, const Transfer& t, bool is_send,
   if (t.peer < 0 || t.peer >= l.num_ranks) return bad("peer out of range");
   const Payload p = t.payload;
   const bool fwd_ok = p == Payload::kKv || p == Payload::kQkvHeads || p == Payload::kOutLseHeads;
-  const bool bwd_ok = p == Payload::kKv || p == Payload::kBwdHeads || p == Payload::kGradQkvHeads;
+  // A backward exchange may carry returns beside K/V (pipelined plans).
+  const bool bwd_ok = p == Payload::kKv || p == Payload::kBwdHeads ||
+                      p == Payload::kGradQkvHeads || p == Payload::kGradKv;
   if (is_return ? p != Payload::kGradKv : (l.backward() ? !bwd_ok : !fwd_ok)) {
     return bad("payload not allowed here");
   }
@@ -243,13 +254,34 @@ absl::StatusOr<RankLayout> LayoutFor(const plan::Plan& plan, int32_t rank, Pass 
                                               st.return_overlap_items.size(),
                                               " return_overlap_items in a forward stage"));
     }
+    // Overlap items may read receive rows an earlier stage filled
+    // (pipelined plans), never rows this stage's receives are writing.
+    std::vector<std::pair<int64_t, int64_t>> landing;  // receive rows [begin, end), sorted
+    const int64_t row_bytes = std::max<int64_t>(1, l.rank_plan->kv_row_bytes);
+    for (const Transfer& t : st.recvs) {
+      if (t.payload != Payload::kKv) continue;
+      landing.push_back({t.buffer_offset / row_bytes, (t.buffer_offset + t.bytes) / row_bytes});
+    }
+    std::sort(landing.begin(), landing.end());
     for (const auto* list : {&st.overlap_items, &st.return_overlap_items}) {
       for (const WorkItem& w : *list) {
         HSAP_RETURN_IF_ERROR(CheckItem(l, w, s));
-        if (w.kv_space != RowSpace::kHome) {
+        if (w.kv_space == RowSpace::kHome) continue;
+        // Returns are in flight under return_overlap_items: home rows only.
+        if (list == &st.return_overlap_items) {
           return absl::InternalError(absl::StrCat(
-              "rank ", l.rank, " stage ", s, ": an item run during a transfer reads kv space ",
+              "rank ", l.rank, " stage ", s, ": an item run under the returns reads kv space ",
               static_cast<int>(w.kv_space), ", not home rows"));
+        }
+        if (w.num_k == 0) continue;
+        auto next = std::upper_bound(landing.begin(), landing.end(),
+                                     std::make_pair(w.kv_row, INT64_MAX));
+        const bool lands_before = next != landing.begin() && std::prev(next)->second > w.kv_row;
+        const bool lands_inside = next != landing.end() && next->first < w.kv_row + w.num_k;
+        if (lands_before || lands_inside) {
+          return absl::InternalError(absl::StrCat(
+              "rank ", l.rank, " stage ", s, ": an item run during a transfer reads receive rows [",
+              w.kv_row, ", ", w.kv_row + w.num_k, "), which this stage's receives are writing"));
         }
       }
     }

@@ -359,22 +359,54 @@ double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
     bwd_us += head_stage(Payload::kBwdHeads, true) * 1e6;
   }
   const int64_t ratio = ReturnBytesRatio(spec.shape.dtype);
-  for (int32_t s = 0; s < S; ++s) {
-    double slowest = 0, slowest_bwd = 0;
-    for (int32_t r = 0; r < P; ++r) {
-      const size_t i = static_cast<size_t>(r) * S + s;
-      const double x = StageTransferSeconds(profile, send[i], recv[i]);
-      // The returns: directions swapped, fp32 partials (`ratio` x bytes).
-      Tiers ret_send{}, ret_recv{};
-      for (int t = 0; t < kNumTiers; ++t) {
-        ret_send[t] = recv[i][t] * ratio;
-        ret_recv[t] = send[i][t] * ratio;
-      }
-      slowest = std::max(slowest, x);
-      slowest_bwd = std::max(slowest_bwd, x + StageTransferSeconds(profile, ret_send, ret_recv));
+  // The returns of stage s's K/V at rank r: directions swapped, fp32
+  // partials (`ratio` x bytes).
+  auto returns = [&](int32_t r, int32_t s, Tiers* ret_send, Tiers* ret_recv) {
+    const size_t i = static_cast<size_t>(r) * S + s;
+    for (int t = 0; t < kNumTiers; ++t) {
+      (*ret_send)[t] += recv[i][t] * ratio;
+      (*ret_recv)[t] += send[i][t] * ratio;
     }
-    fwd_us += slowest * 1e6;
-    bwd_us += slowest_bwd * 1e6;
+  };
+  if (!packing.pipelined) {
+    for (int32_t s = 0; s < S; ++s) {
+      double slowest = 0, slowest_bwd = 0;
+      for (int32_t r = 0; r < P; ++r) {
+        const size_t i = static_cast<size_t>(r) * S + s;
+        const double x = StageTransferSeconds(profile, send[i], recv[i]);
+        Tiers ret_send{}, ret_recv{};
+        returns(r, s, &ret_send, &ret_recv);
+        slowest = std::max(slowest, x);
+        slowest_bwd = std::max(slowest_bwd, x + StageTransferSeconds(profile, ret_send, ret_recv));
+      }
+      fwd_us += slowest * 1e6;
+      bwd_us += slowest_bwd * 1e6;
+    }
+  } else {
+    // Stages 0..S: chunk s's K/V (none in stage S) and, backward, the
+    // returns of chunk s - 2 in the same exchange; then the last stage's
+    // return phase carries chunk S - 1's (AppendBackwardPipelined).
+    for (int32_t s = 0; s <= S; ++s) {
+      double slowest = 0, slowest_bwd = 0;
+      for (int32_t r = 0; r < P; ++r) {
+        Tiers snd{}, rcv{};
+        if (s < S) {
+          snd = send[static_cast<size_t>(r) * S + s];
+          rcv = recv[static_cast<size_t>(r) * S + s];
+        }
+        slowest = std::max(slowest, StageTransferSeconds(profile, snd, rcv));
+        if (s >= 2) returns(r, s - 2, &snd, &rcv);
+        double x = StageTransferSeconds(profile, snd, rcv);
+        if (s == S) {
+          Tiers ret_send{}, ret_recv{};
+          returns(r, S - 1, &ret_send, &ret_recv);
+          x += StageTransferSeconds(profile, ret_send, ret_recv);
+        }
+        slowest_bwd = std::max(slowest_bwd, x);
+      }
+      fwd_us += slowest * 1e6;
+      bwd_us += slowest_bwd * 1e6;
+    }
   }
   if (U > 1) {
     fwd_us += head_stage(Payload::kOutLseHeads, false) * 1e6;
@@ -466,7 +498,7 @@ absl::StatusOr<Plan> CompileAuto(const PlanSpec& spec, const std::vector<MaskSli
       tightened[i] = true;
       LevelInputs li = MakeLevelInputs(spec, dispatch, kOrder[i]);
       absl::StatusOr<InnerPacking> packed = PackInnerLevel(
-          index, li.home, li.owners, li.kind, li.budget_rows, pool);
+          index, li.home, li.owners, li.kind, li.budget_rows, pool, li.pipeline_stages);
       if (!packed.ok()) {  // this strategy cannot be planned here: not a candidate
         if (first_error.ok()) first_error = packed.status();
         done[i] = true;

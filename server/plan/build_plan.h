@@ -46,8 +46,15 @@ struct LevelInputs {
   std::vector<HeadSlot> slots;
   int64_t budget_rows = 1;
   InnerKind kind = InnerKind::kExactNeed;
+  // Chunks of a pipelined inner level (PackInnerLevel); 1: not pipelined.
+  int32_t pipeline_stages = 1;
 };
 
+
+// The chunks of hsap's pipelined inter-node stage (docs/planner.md, "The
+// pipelined inter-node stage": 4, 8 and 16 modeled 1.156, 1.137 and 1.219
+// times the compute floor at 16 x 8, T = 1M).
+inline constexpr int32_t kHsapPipelineStages = 8;
 
 LevelInputs MakeLevelInputs(const PlanSpec& spec, const Dispatch& dispatch, Strategy strategy);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -242,6 +243,67 @@ void AppendBackward(const std::vector<Stage>& fwd, size_t first, size_t end, int
   }
 }
 
+// The backward stages of a pipelined inner level's forward stages [first,
+// end) (InnerRank::pipelined: chunks 0..K-1 move in stages first..first+K-1,
+// stage first+K moves nothing): the same K/V transfers and items, and the
+// dK/dV returns of chunk c, complete once stage c + 1 has computed its
+// items, ride stage c + 2's exchange beside its K/V (sorted by peer, then
+// payload); those of chunk K - 2 ride the last stage's exchange and those of
+// chunk K - 1 its return phase.
+void AppendBackwardPipelined(const std::vector<Stage>& fwd, size_t first, size_t end,
+                             int64_t ratio, std::vector<Stage>* bwd) {
+  const size_t n = end - first;  // K + 1 stages
+  // Per stage: returned sends (mirror the receives of stage s - 2), returned
+  // receives (mirror its sends), landing at running offsets of the return
+  // buffer within each exchange.
+  std::vector<std::vector<Transfer>> ret_send(n + 1), ret_recv(n + 1);
+  auto mirror = [ratio](const Transfer& t, RowSpace space) {
+    Transfer r = t;
+    r.payload = Payload::kGradKv;
+    r.space = space;
+    r.bytes = t.bytes * ratio;  // fp32 partials (wire_layout.h)
+    r.buffer_offset = 0;
+    return r;
+  };
+  for (size_t c = 0; c + 1 < n; ++c) {
+    // The stage whose exchange carries chunk c's returns; n: the last
+    // stage's return phase.
+    const size_t at = c + 2 < n ? c + 2 : n;
+    ret_send[at].reserve(fwd[first + c].recvs.size());
+    ret_recv[at].reserve(fwd[first + c].sends.size());
+    for (const Transfer& t : fwd[first + c].recvs) ret_send[at].push_back(mirror(t, RowSpace::kRecv));
+    for (const Transfer& t : fwd[first + c].sends) ret_recv[at].push_back(mirror(t, RowSpace::kHome));
+  }
+  // Each list mirrors one forward stage's list: sorted by peer already.
+  auto by_peer = [](const Transfer& a, const Transfer& b) {
+    return std::make_pair(a.peer, a.payload) < std::make_pair(b.peer, b.payload);
+  };
+  for (size_t k = 0; k <= n; ++k) {
+    int64_t offset = 0;
+    for (Transfer& r : ret_recv[k]) {
+      r.buffer_offset = offset;
+      offset += r.bytes;
+    }
+  }
+  auto merged = [&](const TransferList& kv, const std::vector<Transfer>& ret) -> TransferList {
+    if (ret.empty()) return kv;
+    std::vector<Transfer> out;
+    out.reserve(kv.size() + ret.size());
+    std::merge(kv.begin(), kv.end(), ret.begin(), ret.end(), std::back_inserter(out), by_peer);
+    return out;
+  };
+  for (size_t k = 0; k < n; ++k) {
+    Stage st = fwd[first + k];
+    st.sends = merged(st.sends, ret_send[k]);
+    st.recvs = merged(st.recvs, ret_recv[k]);
+    if (k + 1 == n) {
+      if (!ret_send[n].empty()) st.return_sends = std::move(ret_send[n]);
+      if (!ret_recv[n].empty()) st.return_recvs = std::move(ret_recv[n]);
+    }
+    bwd->push_back(std::move(st));
+  }
+}
+
 // A rank's bytes per stage with each list read once. A forward stage's
 // are its sends' and receives'. A backward stage in [first_inner,
 // end_inner) repeats its forward stage's transfers and returns mirrors of
@@ -251,7 +313,11 @@ void AppendBackward(const std::vector<Stage>& fwd, size_t first, size_t end, int
 // the other backward stages (head all-to-alls) are read.
 struct RankBytes {
   std::vector<StageBytes> fwd, bwd;
-  std::vector<int64_t> fwd_buffer;  // per forward stage: K/V bytes into the receive buffer
+  // Per forward stage: the extent of the receive buffer its K/V receives
+  // fill (a pipelined level's chunks share the buffer).
+  std::vector<int64_t> fwd_buffer;
+  // Per backward stage: the largest return buffer one of its exchanges fills.
+  std::vector<int64_t> bwd_return_buffer;
 };
 
 RankBytes SumRankBytes(const RankPlan& rp, size_t first_inner, size_t end_inner,
@@ -260,6 +326,7 @@ RankBytes SumRankBytes(const RankPlan& rp, size_t first_inner, size_t end_inner,
   rb.fwd.resize(rp.forward.size());
   rb.bwd.resize(rp.backward.size());
   rb.fwd_buffer.assign(rp.forward.size(), 0);
+  rb.bwd_return_buffer.assign(rp.backward.size(), 0);
   auto add = [](const TransferList& ts, std::array<int64_t, kNumTiers>* out) {
     for (const Transfer& t : ts) (*out)[static_cast<int>(t.tier)] += t.bytes;
   };
@@ -268,7 +335,9 @@ RankBytes SumRankBytes(const RankPlan& rp, size_t first_inner, size_t end_inner,
     add(st.sends, &rb.fwd[s].send);
     for (const Transfer& t : st.recvs) {
       rb.fwd[s].recv[static_cast<int>(t.tier)] += t.bytes;
-      if (t.space == RowSpace::kRecv) rb.fwd_buffer[s] += t.bytes;
+      if (t.space == RowSpace::kRecv) {
+        rb.fwd_buffer[s] = std::max(rb.fwd_buffer[s], t.buffer_offset + t.bytes);
+      }
     }
   }
   for (size_t s = 0; s < rp.backward.size(); ++s) {
@@ -279,6 +348,7 @@ RankBytes SumRankBytes(const RankPlan& rp, size_t first_inner, size_t end_inner,
       for (int t = 0; t < kNumTiers; ++t) {
         b.return_recv[t] = b.send[t] * ratio;
         b.return_send[t] = b.recv[t] * ratio;
+        rb.bwd_return_buffer[s] += b.return_recv[t];
       }
       continue;
     }
@@ -287,6 +357,10 @@ RankBytes SumRankBytes(const RankPlan& rp, size_t first_inner, size_t end_inner,
     add(st.recvs, &b.recv);
     add(st.return_sends, &b.return_send);
     add(st.return_recvs, &b.return_recv);
+    int64_t in_exchange = 0, in_returns = 0;
+    for (const Transfer& t : st.recvs) in_exchange += t.payload == Payload::kGradKv ? t.bytes : 0;
+    for (const Transfer& t : st.return_recvs) in_returns += t.bytes;
+    rb.bwd_return_buffer[s] = std::max(in_exchange, in_returns);
   }
   return rb;
 }
@@ -326,6 +400,121 @@ std::vector<int64_t> HoldBackForReturns(const HardwareProfile& profile, int64_t 
   return moved;
 }
 
+// A pipelined inner level's stages [first, end) of one rank, as the home
+// items' schedule sees them (per pass): seconds each stage must take
+// whatever the home items do (its transfer, or the items on the previous
+// chunk it computes, the larger), and the backward's return phase. With
+// inter-node links shared by k ranks a transfer is estimated as k times the
+// rank's own inter-node bytes over the link, as in HoldBackForReturns.
+struct PipelineNeeds {
+  std::array<std::vector<double>, 2> stage_s;  // [backward][s - first]
+  double return_s = 0;                         // the last backward stage's returns
+};
+
+PipelineNeeds NeedsOf(const HardwareProfile& profile, int64_t head_dim, const RankBytes& rb,
+                      size_t first, size_t end,
+                      const std::vector<std::array<int64_t, 2>>& inner_area,
+                      const RankPlan& rp) {
+  const int64_t heads = rp.q_head_end - rp.q_head_begin;
+  const int64_t kv_heads = rp.kv_head_end - rp.kv_head_begin;
+  const int64_t k = static_cast<int64_t>(std::max(1.0, profile.inter_link_ranks));
+  constexpr int kInter = static_cast<int>(LinkTier::kInterNode);
+  auto seconds = [&](std::array<int64_t, kNumTiers> send, std::array<int64_t, kNumTiers> recv) {
+    send[kInter] *= k;
+    recv[kInter] *= k;
+    return StageTransferSeconds(profile, send, recv);
+  };
+  PipelineNeeds n;
+  for (int backward = 0; backward < 2; ++backward) {
+    const std::vector<StageBytes>& bytes = backward ? rb.bwd : rb.fwd;
+    const double per_area =
+        heads > 0 ? AreaSeconds(profile, head_dim, heads, kv_heads, backward) : 0.0;
+    for (size_t s = first; s < end; ++s) {
+      // Stage `first`'s overlap list is the home items: not a need.
+      const double items = s == first ? 0.0 : static_cast<double>(inner_area[s - first][0]) * per_area;
+      n.stage_s[backward].push_back(std::max(seconds(bytes[s].send, bytes[s].recv), items));
+    }
+  }
+  n.return_s = seconds(rb.bwd[end - 1].return_send, rb.bwd[end - 1].return_recv);
+  return n;
+}
+
+// Spreads a pipelined inner level's home items (all in the overlap list of
+// stage `first`, forward and backward, as BuildInnerLevel lays them out)
+// over the level's stages [first, end). Stages count their slowest rank
+// (cost_model.h), so `level` (the slowest rank's PipelineNeeds, per stage)
+// is time every rank has anyway: each stage takes home items until its
+// compute reaches the level (the forward from the end of the list, the
+// backward from the front; stage `first` and, backward, the return phase
+// first), and what is left computes where no chunk does: the forward's
+// first stage, the backward's return phase. Returns each pass's areas per
+// stage of rp {overlap_items, items, return_overlap_items} for the model.
+std::array<std::vector<std::array<int64_t, 3>>, 2> ScheduleHomeItems(
+    const HardwareProfile& profile, int64_t head_dim, const PipelineNeeds& level, size_t first,
+    size_t end, const std::vector<std::array<int64_t, 2>>& inner_area, RankPlan* rp) {
+  const int64_t heads = rp->q_head_end - rp->q_head_begin;
+  const int64_t kv_heads = rp->kv_head_end - rp->kv_head_begin;
+  std::array<std::vector<std::array<int64_t, 3>>, 2> areas;
+  for (int backward = 0; backward < 2; ++backward) {
+    std::vector<Stage>& stages = backward ? rp->backward : rp->forward;
+    std::vector<std::array<int64_t, 3>>& area = areas[backward];
+    area.assign(stages.size(), {0, 0, 0});
+    for (size_t s = first; s < end; ++s) {
+      area[s] = {inner_area[s - first][0], inner_area[s - first][1], 0};
+    }
+    const WorkItemList home = stages[first].overlap_items;
+    const double per_area = AreaSeconds(profile, head_dim, heads, kv_heads, backward);
+    if (home.empty() || !(per_area > 0)) continue;
+    std::vector<int64_t> prefix(home.size() + 1, 0);
+    for (size_t i = 0; i < home.size(); ++i) prefix[i + 1] = prefix[i] + ItemArea(home[i]);
+    size_t lo = 0, hi = home.size();  // the home items not placed yet
+    auto take_front = [&](double need) {
+      const size_t a = lo;
+      while (lo < hi && static_cast<double>(prefix[lo + 1] - prefix[a]) * per_area <= need) ++lo;
+      return std::make_pair(a, lo);
+    };
+    auto take_back = [&](double need) {
+      const size_t b = hi;
+      while (hi > lo && static_cast<double>(prefix[b] - prefix[hi - 1]) * per_area <= need) --hi;
+      return std::make_pair(hi, b);
+    };
+    const std::vector<double>& lv = level.stage_s[backward];
+    std::vector<std::pair<size_t, size_t>> run(end - first, {0, 0});
+    run[0] = take_front(lv[0]);
+    std::pair<size_t, size_t> under_returns{0, 0};
+    if (backward) under_returns = take_back(level.return_s);
+    for (size_t s = first + 1; s < end; ++s) {
+      const double room =
+          lv[s - first] - static_cast<double>(inner_area[s - first][0]) * per_area;
+      if (room > 0) run[s - first] = backward ? take_front(room) : take_back(room);
+    }
+    if (backward) {
+      under_returns.first = lo;  // the rest, next to the return phase's run
+    } else {
+      run[0].second = hi;  // the rest, next to the first stage's run
+    }
+    for (size_t s = first; s < end; ++s) {
+      const auto [a, b] = run[s - first];
+      Stage& st = stages[s];
+      if (s == first) {
+        st.overlap_items = home.Sub(a, b - a);
+        area[s][0] = prefix[b] - prefix[a];
+      } else if (b > a) {
+        std::vector<WorkItem> items = st.overlap_items.ToVector();
+        items.insert(items.end(), home.begin() + a, home.begin() + b);
+        st.overlap_items = std::move(items);
+        area[s][0] += prefix[b] - prefix[a];
+      }
+    }
+    if (under_returns.second > under_returns.first) {
+      const auto [a, b] = under_returns;
+      stages[end - 1].return_overlap_items = home.Sub(a, b - a);
+      area[end - 1][2] = prefix[b] - prefix[a];
+    }
+  }
+  return areas;
+}
+
 // A rank's byte statistics, from its stages' sums.
 void FillRankStats(const RankBytes& rb, RankStats* rs) {
   for (size_t s = 0; s < rb.fwd.size(); ++s) {
@@ -335,14 +524,13 @@ void FillRankStats(const RankBytes& rb, RankStats* rs) {
     }
     rs->peak_recv_buffer_bytes = std::max(rs->peak_recv_buffer_bytes, rb.fwd_buffer[s]);
   }
-  for (const StageBytes& b : rb.bwd) {
-    int64_t returned = 0;
+  for (size_t s = 0; s < rb.bwd.size(); ++s) {
+    const StageBytes& b = rb.bwd[s];
     for (int t = 0; t < kNumTiers; ++t) {
       rs->bwd_recv_bytes[t] += b.recv[t] + b.return_recv[t];
       rs->bwd_send_bytes[t] += b.send[t] + b.return_send[t];
-      returned += b.return_recv[t];
     }
-    rs->peak_recv_buffer_bytes = std::max(rs->peak_recv_buffer_bytes, returned);
+    rs->peak_recv_buffer_bytes = std::max(rs->peak_recv_buffer_bytes, rb.bwd_return_buffer[s]);
   }
 }
 
@@ -427,6 +615,9 @@ LevelInputs MakeLevelInputs(const PlanSpec& spec, const Dispatch& dispatch, Stra
   in.budget_rows = std::max<int64_t>(1, spec.recv_buffer_bytes / kappa_max);
   if (strategy == Strategy::kRing || strategy == Strategy::kUsp) in.kind = InnerKind::kRing;
   if (strategy == Strategy::kAllGather) in.kind = InnerKind::kAllGather;
+  // hsap over several nodes pipelines its inter-node stage (docs/planner.md,
+  // "The pipelined inter-node stage").
+  if (strategy == Strategy::kHsap && U > 1 && V > 1) in.pipeline_stages = kHsapPipelineStages;
   return in;
 }
 
@@ -450,12 +641,16 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     inner = internal::BuildInnerLevel(index, in.owners, std::move(packed->packing), pool);
   } else {
     HSAP_ASSIGN_OR_RETURN(inner, internal::BuildInnerLevel(index, home, in.owners, in.kind,
-                                                           in.budget_rows, pool));
+                                                           in.budget_rows, pool,
+                                                           in.pipeline_stages));
   }
   HSAP_RETURN_IF_ERROR(internal::CheckCompileStop());
   const size_t inner_stages = inner[0].stages.size();
+  const bool pipelined = inner[0].pipelined;
   const int64_t kappa_full = KvRowBytes(spec.shape, spec.shape.num_heads_kv);
   std::vector<RankModel> models(P);
+  std::vector<PipelineNeeds> needs(pipelined ? P : 0);
+  std::vector<RankBytes> rank_bytes(pipelined ? P : 0);
   const std::vector<int32_t> node_of = internal::RankNodes(topo);
 
   Plan plan;
@@ -491,7 +686,11 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     } else {
       const size_t first = fwd.size();
       AppendForward(inner[v], d, U, u, kappa, slot, node_of, &fwd);
-      AppendBackward(fwd, first, fwd.size(), ReturnBytesRatio(spec.shape.dtype), &bwd);
+      if (pipelined) {
+        AppendBackwardPipelined(fwd, first, fwd.size(), ReturnBytesRatio(spec.shape.dtype), &bwd);
+      } else {
+        AppendBackward(fwd, first, fwd.size(), ReturnBytesRatio(spec.shape.dtype), &bwd);
+      }
     }
     if (U > 1) {
       fwd.push_back(
@@ -527,13 +726,70 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
     }
     // Statistics and model while the rank's lists are in cache.
     const size_t first_inner = U > 1 ? 1 : 0;
-    const RankBytes rb = SumRankBytes(rp, first_inner, first_inner + inner_stages,
-                                      ReturnBytesRatio(spec.shape.dtype));
+    const size_t end_inner = first_inner + inner_stages;
+    // A pipelined backward's bytes are not its forward's mirrored: read.
+    RankBytes rb =
+        SumRankBytes(rp, first_inner, pipelined ? first_inner : end_inner,
+                     ReturnBytesRatio(spec.shape.dtype));
     FillRankStats(rb, &rs);
-    const std::vector<int64_t> moved = HoldBackForReturns(
-        profile, spec.shape.head_dim, rb, first_inner, first_inner + inner_stages, &rp);
-    models[d] = ModelRank(profile, spec.shape.head_dim, area, moved, rb.fwd, rb.bwd, &rp);
+    if (pipelined) {
+      // The home items are scheduled once every rank's needs are known.
+      needs[d] = NeedsOf(profile, spec.shape.head_dim, rb, first_inner, end_inner,
+                         inner[v].stage_area, rp);
+      rank_bytes[d] = std::move(rb);
+    } else {
+      const std::vector<int64_t> moved = HoldBackForReturns(
+          profile, spec.shape.head_dim, rb, first_inner, end_inner, &rp);
+      models[d] = ModelRank(profile, spec.shape.head_dim, area, moved, rb.fwd, rb.bwd, &rp);
+    }
   });
+  if (pipelined) {
+    // Every stage's slowest rank: the level the home items fill up to.
+    const size_t first_inner = U > 1 ? 1 : 0, end_inner = first_inner + inner_stages;
+    PipelineNeeds level;
+    for (int b = 0; b < 2; ++b) level.stage_s[b].assign(inner_stages, 0.0);
+    for (const PipelineNeeds& n : needs) {
+      for (int b = 0; b < 2; ++b) {
+        for (size_t s = 0; s < inner_stages; ++s) {
+          level.stage_s[b][s] = std::max(level.stage_s[b][s], n.stage_s[b][s]);
+        }
+      }
+      level.return_s = std::max(level.return_s, n.return_s);
+    }
+    // Per virtual rank: the ranks of a group whose slots have the same head
+    // counts have the same bytes and items, so one schedule serves them
+    // (their lists are shared).
+    ForEachIndex(pool, P / U, [&](int64_t v) {
+      const int32_t g0 = static_cast<int32_t>(v) * U;
+      std::array<std::vector<std::array<int64_t, 3>>, 2> areas;
+      int32_t scheduled = -1;  // the group's rank whose schedule `areas` is
+      for (int32_t d = g0; d < g0 + U; ++d) {
+        RankPlan& rp = plan.ranks[d];
+        const HeadSlot& slot = slots[d - g0];
+        if (slot.num_q() == 0) {
+          std::vector<std::array<int64_t, 3>> none(rp.forward.size(), {0, 0, 0});
+          models[d] = ModelRankAreas(profile, spec.shape.head_dim, none, none,
+                                     rank_bytes[d].fwd, rank_bytes[d].bwd, &rp);
+          continue;
+        }
+        const HeadSlot* done = scheduled < 0 ? nullptr : &slots[scheduled - g0];
+        if (done != nullptr && done->num_q() == slot.num_q() && done->num_kv() == slot.num_kv()) {
+          const RankPlan& from = plan.ranks[scheduled];
+          for (size_t s = first_inner; s < end_inner; ++s) {
+            rp.forward[s].overlap_items = from.forward[s].overlap_items;
+            rp.backward[s].overlap_items = from.backward[s].overlap_items;
+            rp.backward[s].return_overlap_items = from.backward[s].return_overlap_items;
+          }
+        } else {
+          areas = ScheduleHomeItems(profile, spec.shape.head_dim, level, first_inner, end_inner,
+                                    inner[v].stage_area, &rp);
+          scheduled = d;
+        }
+        models[d] = ModelRankAreas(profile, spec.shape.head_dim, areas[0], areas[1],
+                                   rank_bytes[d].fwd, rank_bytes[d].bwd, &rp);
+      }
+    });
+  }
   FinishStats(slices, index, spec, dispatch, &plan);
   if (profile.inter_link_ranks > 1) {
     // A shared link's term needs all its ranks' bytes: modeled again, whole.

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "server/plan/compiler.h"
 
 #include "gtest/gtest.h"
@@ -54,7 +55,7 @@ TEST(CompilerTest, PlanSharesRepeatedLists) {
   spec.assignment = AssignmentPolicy::kContiguous;
   auto plan = CompilePlan(spec);
   ASSERT_TRUE(plan.ok());
-  int shared_items = 0;
+  int shared_items = 0, shared_returns = 0;
   for (const RankPlan& rp : plan->ranks) {
     const RankPlan& first = plan->ranks[rp.rank / 4 * 4];  // slot 0 of the node
     ASSERT_EQ(rp.forward.size(), rp.backward.size());
@@ -67,16 +68,39 @@ TEST(CompilerTest, PlanSharesRepeatedLists) {
         EXPECT_TRUE(f.items.SharesWith(first.forward[s].items));
         ++shared_items;
       }
-      if (!f.recvs.empty()) {
-        EXPECT_TRUE(f.recvs.SharesWith(b.recvs));
-        ASSERT_EQ(b.return_sends.size(), f.recvs.size());
-        EXPECT_TRUE(b.return_sends[0].segments.SharesWith(f.recvs[0].segments));
+      // A pipelined plan computes the received items in overlap lists,
+      // scheduled once per head group.
+      if (!f.overlap_items.empty()) {
+        EXPECT_TRUE(f.overlap_items.SharesWith(first.forward[s].overlap_items));
+        EXPECT_TRUE(b.overlap_items.SharesWith(first.backward[s].overlap_items));
+        ++shared_items;
       }
-      if (!f.sends.empty()) {
+      // The backward repeats the K/V transfers (shared) where no returns
+      // ride its exchange (a pipelined plan's stages from the third on).
+      if (!f.recvs.empty() && b.recvs.size() == f.recvs.size()) {
+        EXPECT_TRUE(f.recvs.SharesWith(b.recvs));
+      }
+      if (!f.sends.empty() && b.sends.size() == f.sends.size()) {
         EXPECT_TRUE(f.sends.SharesWith(b.sends));
       }
     }
+    // Every returned send's rows are a forward receive's segments (shared).
+    std::vector<const void*> received;
+    for (const Stage& f : rp.forward) {
+      for (const Transfer& t : f.recvs) received.push_back(t.segments.Identity());
+    }
+    for (const Stage& b : rp.backward) {
+      for (const TransferList* list : {&b.sends, &b.return_sends}) {
+        for (const Transfer& t : *list) {
+          if (t.payload != Payload::kGradKv) continue;
+          ++shared_returns;
+          EXPECT_NE(std::find(received.begin(), received.end(), t.segments.Identity()),
+                    received.end());
+        }
+      }
+    }
   }
+  EXPECT_GT(shared_returns, 0);
   EXPECT_GT(shared_items, 0);
   auto copy = PlanFromProto(PlanToProto(*plan));
   ASSERT_TRUE(copy.ok()) << copy.status();

@@ -77,6 +77,8 @@ double TransferSeconds(const HardwareProfile& p, const TierBytes& b,
   return worst;
 }
 
+}  // namespace
+
 int64_t ItemArea(const WorkItem& w) {
   MaskSlice s;
   s.q_end = w.num_q;
@@ -86,8 +88,6 @@ int64_t ItemArea(const WorkItem& w) {
   s.window = w.window;
   return SliceArea(s);
 }
-
-}  // namespace
 
 int64_t ItemsArea(const SharedList<WorkItem>& items) {
   int64_t area = 0;
@@ -366,6 +366,24 @@ RankModel ModelRank(const HardwareProfile& profile, int64_t head_dim,
         return 0;
       },
       [&](size_t s, bool backward) { return (backward ? bwd_bytes : fwd_bytes)[s]; }, rp);
+}
+
+RankModel ModelRankAreas(const HardwareProfile& profile, int64_t head_dim,
+                         const std::vector<std::array<int64_t, 3>>& fwd_area,
+                         const std::vector<std::array<int64_t, 3>>& bwd_area,
+                         const std::vector<StageBytes>& fwd_bytes,
+                         const std::vector<StageBytes>& bwd_bytes, RankPlan* rp) {
+  return ModelRankWith(
+      profile, head_dim,
+      [&](size_t s, bool backward, ItemList list) -> int64_t {
+        return (backward ? bwd_area : fwd_area)[s][static_cast<int>(list)];
+      },
+      [&](size_t s, bool backward) { return (backward ? bwd_bytes : fwd_bytes)[s]; }, rp);
+}
+
+double AreaSeconds(const HardwareProfile& profile, int64_t head_dim, int64_t heads,
+                   int64_t kv_heads, bool backward) {
+  return ComputeSeconds(profile, 1, heads, kv_heads, head_dim, backward);
 }
 
 size_t ItemsCovering(const HardwareProfile& profile, int64_t head_dim, int64_t heads,

@@ -159,10 +159,23 @@ RankModel ModelRank(const HardwareProfile& profile, int64_t head_dim,
                     const std::vector<int64_t>& bwd_return_overlap_area,
                     const std::vector<StageBytes>& fwd_bytes,
                     const std::vector<StageBytes>& bwd_bytes, RankPlan* rp);
+// ModelRank with each pass's areas given per stage of rp: {overlap_items,
+// items, return_overlap_items} (forward: the third is 0).
+RankModel ModelRankAreas(const HardwareProfile& profile, int64_t head_dim,
+                         const std::vector<std::array<int64_t, 3>>& fwd_area,
+                         const std::vector<std::array<int64_t, 3>>& bwd_area,
+                         const std::vector<StageBytes>& fwd_bytes,
+                         const std::vector<StageBytes>& bwd_bytes, RankPlan* rp);
 void FinishModel(const std::vector<RankModel>& models, PlanStats* stats);
+
+// Modeled seconds of one allowed (q, k) pair for a rank of `heads` query
+// and `kv_heads` KV heads, forward or backward.
+double AreaSeconds(const HardwareProfile& profile, int64_t head_dim, int64_t heads,
+                   int64_t kv_heads, bool backward);
 
 // Allowed (q, k) pairs of the items (per head).
 int64_t ItemsArea(const WorkItemList& items);
+int64_t ItemArea(const WorkItem& item);
 
 // The fewest leading items of `items` whose modeled compute (forward or
 // backward, a rank of `heads` query and `kv_heads` KV heads) takes at least

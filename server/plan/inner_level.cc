@@ -97,6 +97,56 @@ bool PackGreedy(std::vector<std::vector<Arrival>>* arrivals, int64_t budget_rows
   return true;
 }
 
+// Cuts each receiver's arrivals (all in stage 0) into `chunks` stages so
+// that every stage moves about 1/chunks of the receiver's rows: the rows
+// from each sender are cut (in the arrivals' order) into near-equal parts of
+// at least min(kMinPartRows, half a stage's share of the receiver's rows)
+// (at most `chunks` parts), spread evenly over the
+// stages from stage (sender + receiver) mod chunks, so that the senders'
+// parts interleave and small senders do not multiply the transfers.
+// Rows of one part at most need (a sender of fewer sends them in one stage).
+constexpr int64_t kMinPartRows = 1024;
+
+void CutIntoChunks(std::vector<std::vector<Arrival>>* arrivals, int32_t chunks,
+                   ThreadPool* pool) {
+  const size_t n = arrivals->size();
+  ForEachIndex(pool, static_cast<int64_t>(n), [&](int64_t v) {
+    std::vector<Arrival>& av = (*arrivals)[v];
+    std::vector<int64_t> total(n, 0), done(n, 0);
+    int64_t rows = 0;
+    for (const Arrival& a : av) {
+      total[a.src] += a.end - a.begin;
+      rows += a.end - a.begin;
+    }
+    // Parts of kMinPartRows, smaller where the receiver's whole need is
+    // (half a stage's share: small needs are cut too).
+    const int64_t min_part =
+        std::clamp<int64_t>(rows / (2 * int64_t{chunks}), 1, kMinPartRows);
+    std::vector<Arrival> out;
+    out.reserve(av.size() + static_cast<size_t>(chunks) * static_cast<size_t>(chunks));
+    for (Arrival a : av) {
+      const int64_t t = total[a.src];
+      // The sender's rows in `parts` near-equal parts, part j in stage
+      // (sender + receiver + j * chunks / parts) mod chunks.
+      const int64_t parts = std::clamp<int64_t>(t / min_part, 1, chunks);
+      while (a.begin < a.end) {
+        int64_t j = done[a.src] * parts / t;
+        while (t * (j + 1) / parts <= done[a.src]) ++j;
+        const int64_t part_end = t * (j + 1) / parts;
+        const int64_t take = std::min(a.end - a.begin, part_end - done[a.src]);
+        Arrival piece = a;
+        piece.end = a.begin + take;
+        piece.stage = static_cast<int32_t>((a.src + v + j * chunks / parts) % chunks);
+        out.push_back(piece);
+        a.begin += take;
+        a.src_row += take;
+        done[a.src] += take;
+      }
+    }
+    av = std::move(out);
+  });
+}
+
 // Work items a thread keeps in its scratch between virtual ranks (3.5 MB).
 constexpr size_t kKeptScratchItems = size_t{1} << 16;
 
@@ -106,7 +156,7 @@ absl::StatusOr<InnerPacking> PackInnerLevel(const SliceIndex& index,
                                             const std::vector<std::vector<OwnerSegment>>& home,
                                             const std::vector<OwnerSegment>& owners,
                                             InnerKind kind, int64_t budget_rows,
-                                            ThreadPool* pool) {
+                                            ThreadPool* pool, int32_t pipeline_stages) {
   auto too_many_stages = [&](int64_t stages) {
     return absl::InvalidArgumentError(absl::StrCat(
         "recv_buffer_bytes: a receive budget of ", budget_rows, " token rows needs ",
@@ -177,6 +227,12 @@ absl::StatusOr<InnerPacking> PackInnerLevel(const SliceIndex& index,
   for (const auto& av : arrivals) {
     for (const Arrival& a : av) num_stages = std::max(num_stages, a.stage + 1);
   }
+  if (kind == InnerKind::kExactNeed && num_stages == 1 && pipeline_stages > 1 &&
+      pipeline_stages < kMaxStages) {
+    CutIntoChunks(&arrivals, pipeline_stages, pool);
+    num_stages = pipeline_stages;
+    pk.pipelined = true;
+  }
   pk.num_stages = num_stages;
   return pk;
 }
@@ -187,12 +243,16 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
   const int32_t V = static_cast<int32_t>(packing.arrivals.size());
   const auto slices = index.slices();
   const int32_t num_stages = packing.num_stages;
+  const bool pipelined = packing.pipelined;
+  // A pipelined level's last stage moves nothing: it computes the last chunk.
+  const int32_t built_stages = num_stages + (pipelined ? 1 : 0);
   std::vector<std::vector<Demand>>& demands = packing.demands;
   std::vector<std::vector<Arrival>>& arrivals = packing.arrivals;
   std::vector<InnerRank> out(V);
   for (int32_t v = 0; v < V; ++v) {
     out[v].exact_need_rows = packing.exact_need_rows[v];
-    out[v].stages.assign(num_stages, Stage{});
+    out[v].stages.assign(built_stages, Stage{});
+    out[v].pipelined = pipelined;
   }
 
   // Receive rows: per stage, in (src, global) order from row 0. Each
@@ -241,7 +301,8 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
     for (size_t i = 0; i < order.size(); ++i) {
       Arrival& a = av[order[i]];
       const bool new_stage = i == 0 || av[order[i - 1]].stage != a.stage;
-      if (new_stage) row = 0;
+      // Pipelined chunks live in the buffer together: rows go on.
+      if (new_stage && !pipelined) row = 0;
       a.recv_row = row;
       row += a.end - a.begin;
       if (new_stage || recvs->back().peer != a.src) {
@@ -345,7 +406,7 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
     list_of.clear();
     int64_t area = 0;
     std::vector<std::array<int64_t, 2>>& stage_area = out[v].stage_area;
-    stage_area.assign(num_stages, {0, 0});
+    stage_area.assign(built_stages, {0, 0});
     // Demands come by key start, so the last arrival starting at or before
     // a demand's first key only moves forward; within a demand, its pieces
     // ascend.
@@ -364,7 +425,13 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
         const int64_t a = SliceArea(piece);
         if (a == 0) return;
         area += a;
-        stage_area[stage][space == RowSpace::kHome ? 0 : 1] += a;
+        // The list: home items overlap stage 0's transfers; items on a
+        // received chunk run after its stage, or, pipelined, overlap the
+        // next stage's.
+        const bool home_list = space == RowSpace::kHome;
+        const int32_t list_stage = !home_list && pipelined ? stage + 1 : stage;
+        const int list = home_list || pipelined ? 0 : 1;
+        stage_area[list_stage][list] += a;
         WorkItem w;
         w.q_row = d.q_row + (rows.begin - d.q_begin);
         w.num_q = rows.size();
@@ -375,7 +442,7 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
         w.offset = piece.type == MaskType::kCausal ? piece.offset : 0;
         w.window = piece.type == MaskType::kCausal ? piece.window : -1;
         emitted.push_back(w);
-        list_of.push_back(static_cast<uint32_t>(stage) * 2 + (space == RowSpace::kHome ? 0 : 1));
+        list_of.push_back(static_cast<uint32_t>(list_stage) * 2 + list);
       };
       ForEachOwnerPiece(owners, d.k_begin, d.k_end,
                         [&](const OwnerSegment& o, int64_t a, int64_t b) {
@@ -398,7 +465,7 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
     }
     out[v].area = area;
     if (emitted.empty()) return;
-    const size_t lists = static_cast<size_t>(num_stages) * 2;
+    const size_t lists = static_cast<size_t>(built_stages) * 2;
     std::vector<uint32_t> first(lists + 1, 0);
     for (uint32_t l : list_of) ++first[l + 1];
     for (size_t l = 0; l < lists; ++l) first[l + 1] += first[l];
@@ -410,7 +477,7 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
     auto items = std::make_shared<std::vector<WorkItem>>();
     items->reserve(emitted.size());
     for (uint32_t i : order) items->push_back(emitted[i]);
-    for (int32_t st = 0; st < num_stages; ++st) {
+    for (int32_t st = 0; st < built_stages; ++st) {
       Stage& stage = out[v].stages[st];
       const size_t o = static_cast<size_t>(st) * 2;
       stage.overlap_items = SharedList<WorkItem>::View(items, first[o], first[o + 1] - first[o]);
@@ -429,9 +496,9 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
 absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
     const SliceIndex& index, const std::vector<std::vector<OwnerSegment>>& home,
     const std::vector<OwnerSegment>& owners, InnerKind kind, int64_t budget_rows,
-    ThreadPool* pool) {
-  HSAP_ASSIGN_OR_RETURN(InnerPacking packing,
-                        PackInnerLevel(index, home, owners, kind, budget_rows, pool));
+    ThreadPool* pool, int32_t pipeline_stages) {
+  HSAP_ASSIGN_OR_RETURN(InnerPacking packing, PackInnerLevel(index, home, owners, kind,
+                                                             budget_rows, pool, pipeline_stages));
   return BuildInnerLevel(index, owners, std::move(packing), pool);
 }
 

@@ -40,6 +40,12 @@ struct InnerRank {
   // Per stage: the allowed pairs of {overlap_items, items} (the cost model's
   // inputs; the ranks of a head group share them).
   std::vector<std::array<int64_t, 2>> stage_area;
+  // A pipelined level (InnerPacking::pipelined): stages 0..K-1 receive
+  // chunks 0..K-1 into rows that continue from chunk to chunk (the buffer
+  // holds all of them), stage c's overlap_items are the items on chunk
+  // c - 1 (and stage 0's the home items), and a last stage K with no
+  // transfers computes the items on chunk K - 1 (in its overlap_items).
+  bool pipelined = false;
 };
 
 // One run of K/V rows a virtual rank receives.
@@ -59,19 +65,25 @@ struct InnerPacking {
   std::vector<std::vector<Demand>> demands;    // per virtual rank
   std::vector<std::vector<Arrival>> arrivals;  // per virtual rank
   std::vector<int64_t> exact_need_rows;        // per virtual rank
-  int32_t num_stages = 1;
+  int32_t num_stages = 1;  // stages that move rows (a pipelined level adds one)
+  // The exact need fit one stage and was cut into num_stages chunks (each
+  // sender's rows to each receiver in near-equal parts) that are received
+  // one stage after another while the previous chunk computes.
+  bool pipelined = false;
 };
 
 // REQUIRES: home[v] lists virtual rank v's runs in home-row order; owners is
 // the union of all home runs sorted by global position (rank = virtual rank)
 // and partitions [0, T); budget_rows >= 1. INVALID_ARGUMENT when the budget
 // would need more than kMaxStages stages. Virtual ranks are handled over
-// `pool` when set (same result).
+// `pool` when set (same result). With pipeline_stages K > 1 an exact-need
+// level that fits one stage of the budget is pipelined over K chunks.
 absl::StatusOr<InnerPacking> PackInnerLevel(const SliceIndex& index,
                                             const std::vector<std::vector<OwnerSegment>>& home,
                                             const std::vector<OwnerSegment>& owners,
                                             InnerKind kind, int64_t budget_rows,
-                                            ThreadPool* pool = nullptr);
+                                            ThreadPool* pool = nullptr,
+                                            int32_t pipeline_stages = 1);
 
 // The level built from its packing (same inputs as PackInnerLevel's).
 std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
@@ -82,7 +94,7 @@ std::vector<InnerRank> BuildInnerLevel(const SliceIndex& index,
 absl::StatusOr<std::vector<InnerRank>> BuildInnerLevel(
     const SliceIndex& index, const std::vector<std::vector<OwnerSegment>>& home,
     const std::vector<OwnerSegment>& owners, InnerKind kind, int64_t budget_rows,
-    ThreadPool* pool = nullptr);
+    ThreadPool* pool = nullptr, int32_t pipeline_stages = 1);
 
 }  // namespace hsap::plan::internal
 

@@ -24,12 +24,17 @@
 // Stages. Each rank's forward (and backward) is a list of stages of the same
 // length on every rank (stage s is one collective step; empty where a rank has
 // nothing to do). In a stage the executor posts `sends` and `recvs` (one
-// group, in peer order), runs `overlap_items` (they read nothing received in
-// this stage), waits, runs `items`; in backward stages it then posts
-// `return_sends`/`return_recvs`: the dK/dV partials of the rows received in
-// the stage go back to their owners, which add them to their own dK/dV
+// group, sorted by peer, then payload), runs `overlap_items` (they read no
+// receive row this stage receives into), waits, runs `items`; in backward
+// stages it then posts `return_sends`/`return_recvs`: the dK/dV partials of
+// received rows go back to their owners, which add them to their own dK/dV
 // after running `return_overlap_items` (home items held back to compute
 // while the returns fly).
+// A pipelined inner level (hsap across nodes) receives its K/V in chunks,
+// one stage each, into rows that stay until the last stage: stage c's
+// overlap_items compute on chunk c - 1, and a backward exchange carries,
+// beside chunk c's K/V, the returns (kGradKv) of chunk c - 2, added to the
+// home dK/dV when it completes (docs/planner.md).
 // Every send of rank a to rank b in stage s has an identical receive on b
 // from a in stage s (same payload, segments' global ranges, bytes).
 #ifndef HSAP_SERVER_PLAN_PLAN_H_
@@ -52,8 +57,10 @@ namespace hsap::plan {
 // Bump when the meaning or layout of a plan changes: it is hashed into keys.
 // 2: dK/dV partials travel in fp32; 3: `balanced` places documents on nodes
 // first on several nodes; 4: backward stages compute home items while their
-// returns fly (Stage::return_overlap_items).
-inline constexpr uint32_t kPlanFormatVersion = 4;
+// returns fly (Stage::return_overlap_items); 5: hsap's inter-node stage is
+// pipelined (chunks received while the previous one computes; returns ride
+// later exchanges).
+inline constexpr uint32_t kPlanFormatVersion = 5;
 
 enum class LinkTier : uint8_t {
   kIntraNode = 0,  // NVLink / shared memory

@@ -1,5 +1,6 @@
 #include "server/plan/plan_checker.h"
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -44,14 +45,18 @@ absl::Status CheckItems(const Plan& plan, bool backward, const std::vector<std::
   for (const RankPlan& rp : plan.ranks) {
     const std::vector<int64_t> home = HomeTokens(plan, rp.rank);
     const auto& stages = backward ? rp.backward : rp.forward;
+    // The token in each receive-buffer row: rows keep what a stage received
+    // until a later stage receives into them (a pipelined plan's items read
+    // rows of earlier stages).
+    std::map<int64_t, int64_t> recv_row_token;
     for (size_t s = 0; s < stages.size(); ++s) {
       const Stage& st = stages[s];
-      std::map<int64_t, int64_t> recv_row_token;
+      std::map<int64_t, int64_t> landing;  // what this stage's receives write
       for (const Transfer& t : st.recvs) {
         if (t.space != RowSpace::kRecv) continue;
         for (const Segment& seg : t.segments) {
           for (int64_t x = seg.global_begin; x < seg.global_end; ++x) {
-            recv_row_token[seg.row + (x - seg.global_begin)] = x;
+            landing[seg.row + (x - seg.global_begin)] = x;
           }
         }
       }
@@ -61,13 +66,19 @@ absl::Status CheckItems(const Plan& plan, bool backward, const std::vector<std::
       }
       // Lists: overlap_items, items, return_overlap_items; the first and
       // the last run during transfers and read home rows only.
+      // Lists: overlap_items (while this stage's receives write: rows of
+      // earlier stages only), items (after them), return_overlap_items
+      // (while the returns fly: home rows only).
       for (int pass = 0; pass < 3; ++pass) {
         const WorkItemList& list =
             pass == 0 ? st.overlap_items : pass == 1 ? st.items : st.return_overlap_items;
+        if (pass == 1) {
+          for (const auto& [row, token] : landing) recv_row_token[row] = token;
+        }
         for (const WorkItem& w : list) {
-          if (pass != 1 && w.kv_space != RowSpace::kHome) {
+          if (pass == 2 && w.kv_space != RowSpace::kHome) {
             return absl::InternalError(absl::StrCat("rank ", rp.rank, " stage ", s,
-                                                    ": overlap item reads the receive buffer"));
+                                                    ": item under the returns reads the receive buffer"));
           }
           if (w.q_row < 0 || w.q_row + w.num_q > static_cast<int64_t>(home.size())) {
             return absl::InternalError(absl::StrCat("rank ", rp.rank, " stage ", s,
@@ -85,12 +96,17 @@ absl::Status CheckItems(const Plan& plan, bool backward, const std::vector<std::
                 }
                 k = home[w.kv_row + j];
               } else {
+                if (pass == 0 && landing.count(w.kv_row + j) > 0) {
+                  return absl::InternalError(absl::StrCat(
+                      "rank ", rp.rank, " stage ", s, ": overlap item reads receive row ",
+                      w.kv_row + j, " while this stage receives into it"));
+                }
                 auto it = recv_row_token.find(w.kv_row + j);
                 if (it == recv_row_token.end()) {
                   return absl::InternalError(absl::StrCat("rank ", rp.rank, " stage ", s,
                                                           ": item reads receive row ",
                                                           w.kv_row + j,
-                                                          " that this stage does not fill"));
+                                                          " that no stage has filled"));
                 }
                 k = it->second;
               }
@@ -197,9 +213,16 @@ absl::Status CheckBudget(const Plan& plan) {
   for (const RankPlan& rp : plan.ranks) {
     for (const auto* stages : {&rp.forward, &rp.backward}) {
       for (size_t s = 0; s < stages->size(); ++s) {
-        int64_t kv = 0, ret = 0;
-        for (const Transfer& t : (*stages)[s].recvs) kv += t.space == RowSpace::kRecv ? t.bytes : 0;
+        // The receive buffer's extent (a pipelined plan's stages fill it
+        // together); the returns of one exchange (the stage's own, or, in a
+        // pipelined plan, those riding its K/V exchange).
+        int64_t kv = 0, ret = 0, ret_in_exchange = 0;
+        for (const Transfer& t : (*stages)[s].recvs) {
+          if (t.space == RowSpace::kRecv) kv = std::max(kv, t.buffer_offset + t.bytes);
+          if (t.payload == Payload::kGradKv) ret_in_exchange += t.bytes;
+        }
         for (const Transfer& t : (*stages)[s].return_recvs) ret += t.bytes;
+        ret = std::max(ret, ret_in_exchange);
         // Returned partials are fp32: up to ReturnBytesRatio times the K/V bytes.
         if (kv > budget || ret > budget * ReturnBytesRatio(plan.spec.shape.dtype)) {
           return absl::InternalError(absl::StrCat("rank ", rp.rank, " stage ", s, ": receives ",
