@@ -300,6 +300,24 @@ double ModeledLowerBoundUs(const PlanSpec& spec, const SliceIndex& index,
 // additive term covers a strategy whose time is mostly compute after each
 // transfer).
 double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
+                     const InnerPacking& packing, const HardwareProfile& profile);
+
+// A pipelined level's plan may be built one-stage instead (BuildPlan keeps
+// the faster): its bound is the lesser of the two packings'.
+double LevelBoundUs(const PlanSpec& spec, const LevelInputs& in, const InnerPacking& packing,
+                    const HardwareProfile& profile) {
+  const double bound = PackedBoundUs(spec, in, packing, profile);
+  if (!packing.pipelined) return bound;
+  InnerPacking one_stage;
+  one_stage.arrivals = packing.arrivals;
+  for (auto& av : one_stage.arrivals) {
+    for (Arrival& a : av) a.stage = 0;
+  }
+  one_stage.num_stages = 1;
+  return std::min(bound, PackedBoundUs(spec, in, one_stage, profile));
+}
+
+double PackedBoundUs(const PlanSpec& spec, const LevelInputs& in,
                      const InnerPacking& packing, const HardwareProfile& profile) {
   const Topology& topo = spec.topology;
   const int32_t P = topo.num_ranks();
@@ -504,7 +522,7 @@ absl::StatusOr<Plan> CompileAuto(const PlanSpec& spec, const std::vector<MaskSli
         done[i] = true;
         continue;
       }
-      candidates[i].modeled_us = std::max(bound, PackedBoundUs(spec, li, *packed, profile));
+      candidates[i].modeled_us = std::max(bound, LevelBoundUs(spec, li, *packed, profile));
       packings[i] = PackedLevel{std::move(li), std::move(packed).value()};
       continue;  // choose again with the tighter bound
     }

@@ -623,14 +623,48 @@ LevelInputs MakeLevelInputs(const PlanSpec& spec, const Dispatch& dispatch, Stra
 
 // The plan of `strategy`; `packing`, when given, is PackInnerLevel's result
 // for this strategy's LevelInputs (auto computed it for a bound).
+namespace {
+
+absl::StatusOr<Plan> BuildPlanOf(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
+                                 const SliceIndex& index, const Dispatch& dispatch,
+                                 Strategy strategy, const HardwareProfile& profile,
+                                 ThreadPool* pool, PackedLevel* packed, LevelInputs in);
+
+}  // namespace
+
 absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
                                const SliceIndex& index, const Dispatch& dispatch,
                                Strategy strategy, const HardwareProfile& profile,
                                ThreadPool* pool, PackedLevel* packed) {
-  const Topology& topo = spec.topology;
-  const int32_t P = topo.num_ranks();
   LevelInputs in = packed != nullptr ? std::move(packed->inputs)
                                      : MakeLevelInputs(spec, dispatch, strategy);
+  if (in.pipeline_stages <= 1) {
+    return BuildPlanOf(spec, slices, index, dispatch, strategy, profile, pool, packed,
+                       std::move(in));
+  }
+  // Pipelining is not always faster (stages count their slowest rank; a
+  // level whose home work covers its transfers loses by it): both plans
+  // are built and the faster one in the model kept, the one-stage plan on
+  // ties.
+  LevelInputs one_stage = in;
+  one_stage.pipeline_stages = 1;
+  HSAP_ASSIGN_OR_RETURN(Plan pipelined, BuildPlanOf(spec, slices, index, dispatch, strategy,
+                                                    profile, pool, packed, std::move(in)));
+  HSAP_RETURN_IF_ERROR(CheckCompileStop());
+  absl::StatusOr<Plan> plain = BuildPlanOf(spec, slices, index, dispatch, strategy, profile,
+                                           pool, nullptr, std::move(one_stage));
+  if (plain.ok() && plain->stats.modeled_us <= pipelined.stats.modeled_us) return plain;
+  return pipelined;
+}
+
+namespace {
+
+absl::StatusOr<Plan> BuildPlanOf(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
+                                 const SliceIndex& index, const Dispatch& dispatch,
+                                 Strategy strategy, const HardwareProfile& profile,
+                                 ThreadPool* pool, PackedLevel* packed, LevelInputs in) {
+  const Topology& topo = spec.topology;
+  const int32_t P = topo.num_ranks();
   const int32_t U = in.U;
   const std::vector<std::vector<OwnerSegment>>& local = in.local;
   const std::vector<std::vector<OwnerSegment>>& home = in.home;
@@ -799,6 +833,8 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
   }
   return plan;
 }
+
+}  // namespace
 
 }  // namespace internal
 
