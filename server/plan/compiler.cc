@@ -13,6 +13,7 @@
 #include "server/plan/build_plan.h"
 #include "server/plan/inner_level.h"
 #include "server/plan/parallel.h"
+#include "server/plan/pipelined_level.h"
 
 namespace hsap::plan {
 namespace internal {
@@ -243,83 +244,15 @@ void AppendBackward(const std::vector<Stage>& fwd, size_t first, size_t end, int
   }
 }
 
-// The backward stages of a pipelined inner level's forward stages [first,
-// end) (InnerRank::pipelined: chunks 0..K-1 move in stages first..first+K-1,
-// stage first+K moves nothing): the same K/V transfers and items, and the
-// dK/dV returns of chunk c, complete once stage c + 1 has computed its
-// items, ride stage c + 2's exchange beside its K/V (sorted by peer, then
-// payload); those of chunk K - 2 ride the last stage's exchange and those of
-// chunk K - 1 its return phase.
-void AppendBackwardPipelined(const std::vector<Stage>& fwd, size_t first, size_t end,
-                             int64_t ratio, std::vector<Stage>* bwd) {
-  const size_t n = end - first;  // K + 1 stages
-  // Per stage: returned sends (mirror the receives of stage s - 2), returned
-  // receives (mirror its sends), landing at running offsets of the return
-  // buffer within each exchange.
-  std::vector<std::vector<Transfer>> ret_send(n + 1), ret_recv(n + 1);
-  auto mirror = [ratio](const Transfer& t, RowSpace space) {
-    Transfer r = t;
-    r.payload = Payload::kGradKv;
-    r.space = space;
-    r.bytes = t.bytes * ratio;  // fp32 partials (wire_layout.h)
-    r.buffer_offset = 0;
-    return r;
-  };
-  for (size_t c = 0; c + 1 < n; ++c) {
-    // The stage whose exchange carries chunk c's returns; n: the last
-    // stage's return phase.
-    const size_t at = c + 2 < n ? c + 2 : n;
-    ret_send[at].reserve(fwd[first + c].recvs.size());
-    ret_recv[at].reserve(fwd[first + c].sends.size());
-    for (const Transfer& t : fwd[first + c].recvs) ret_send[at].push_back(mirror(t, RowSpace::kRecv));
-    for (const Transfer& t : fwd[first + c].sends) ret_recv[at].push_back(mirror(t, RowSpace::kHome));
-  }
-  // Each list mirrors one forward stage's list: sorted by peer already.
-  auto by_peer = [](const Transfer& a, const Transfer& b) {
-    return std::make_pair(a.peer, a.payload) < std::make_pair(b.peer, b.payload);
-  };
-  for (size_t k = 0; k <= n; ++k) {
-    int64_t offset = 0;
-    for (Transfer& r : ret_recv[k]) {
-      r.buffer_offset = offset;
-      offset += r.bytes;
-    }
-  }
-  auto merged = [&](const TransferList& kv, const std::vector<Transfer>& ret) -> TransferList {
-    if (ret.empty()) return kv;
-    std::vector<Transfer> out;
-    out.reserve(kv.size() + ret.size());
-    std::merge(kv.begin(), kv.end(), ret.begin(), ret.end(), std::back_inserter(out), by_peer);
-    return out;
-  };
-  for (size_t k = 0; k < n; ++k) {
-    Stage st = fwd[first + k];
-    st.sends = merged(st.sends, ret_send[k]);
-    st.recvs = merged(st.recvs, ret_recv[k]);
-    if (k + 1 == n) {
-      if (!ret_send[n].empty()) st.return_sends = std::move(ret_send[n]);
-      if (!ret_recv[n].empty()) st.return_recvs = std::move(ret_recv[n]);
-    }
-    bwd->push_back(std::move(st));
-  }
-}
+using internal::RankBytes;
 
 // A rank's bytes per stage with each list read once. A forward stage's
 // are its sends' and receives'. A backward stage in [first_inner,
 // end_inner) repeats its forward stage's transfers and returns mirrors of
 // them (AppendBackward: a return send per receive, a return receive per
 // send, same tier, `ratio` times the bytes), so its sums follow from the
-// forward stage's;
-// the other backward stages (head all-to-alls) are read.
-struct RankBytes {
-  std::vector<StageBytes> fwd, bwd;
-  // Per forward stage: the extent of the receive buffer its K/V receives
-  // fill (a pipelined level's chunks share the buffer).
-  std::vector<int64_t> fwd_buffer;
-  // Per backward stage: the largest return buffer one of its exchanges fills.
-  std::vector<int64_t> bwd_return_buffer;
-};
-
+// forward stage's; the other backward stages (head all-to-alls, and every
+// stage of a pipelined level, whose exchanges carry returns) are read.
 RankBytes SumRankBytes(const RankPlan& rp, size_t first_inner, size_t end_inner,
                        int64_t ratio) {
   RankBytes rb;
@@ -398,121 +331,6 @@ std::vector<int64_t> HoldBackForReturns(const HardwareProfile& profile, int64_t 
     moved[s] = ItemsArea(st.return_overlap_items);
   }
   return moved;
-}
-
-// A pipelined inner level's stages [first, end) of one rank, as the home
-// items' schedule sees them (per pass): seconds each stage must take
-// whatever the home items do (its transfer, or the items on the previous
-// chunk it computes, the larger), and the backward's return phase. With
-// inter-node links shared by k ranks a transfer is estimated as k times the
-// rank's own inter-node bytes over the link, as in HoldBackForReturns.
-struct PipelineNeeds {
-  std::array<std::vector<double>, 2> stage_s;  // [backward][s - first]
-  double return_s = 0;                         // the last backward stage's returns
-};
-
-PipelineNeeds NeedsOf(const HardwareProfile& profile, int64_t head_dim, const RankBytes& rb,
-                      size_t first, size_t end,
-                      const std::vector<std::array<int64_t, 2>>& inner_area,
-                      const RankPlan& rp) {
-  const int64_t heads = rp.q_head_end - rp.q_head_begin;
-  const int64_t kv_heads = rp.kv_head_end - rp.kv_head_begin;
-  const int64_t k = static_cast<int64_t>(std::max(1.0, profile.inter_link_ranks));
-  constexpr int kInter = static_cast<int>(LinkTier::kInterNode);
-  auto seconds = [&](std::array<int64_t, kNumTiers> send, std::array<int64_t, kNumTiers> recv) {
-    send[kInter] *= k;
-    recv[kInter] *= k;
-    return StageTransferSeconds(profile, send, recv);
-  };
-  PipelineNeeds n;
-  for (int backward = 0; backward < 2; ++backward) {
-    const std::vector<StageBytes>& bytes = backward ? rb.bwd : rb.fwd;
-    const double per_area =
-        heads > 0 ? AreaSeconds(profile, head_dim, heads, kv_heads, backward) : 0.0;
-    for (size_t s = first; s < end; ++s) {
-      // Stage `first`'s overlap list is the home items: not a need.
-      const double items = s == first ? 0.0 : static_cast<double>(inner_area[s - first][0]) * per_area;
-      n.stage_s[backward].push_back(std::max(seconds(bytes[s].send, bytes[s].recv), items));
-    }
-  }
-  n.return_s = seconds(rb.bwd[end - 1].return_send, rb.bwd[end - 1].return_recv);
-  return n;
-}
-
-// Spreads a pipelined inner level's home items (all in the overlap list of
-// stage `first`, forward and backward, as BuildInnerLevel lays them out)
-// over the level's stages [first, end). Stages count their slowest rank
-// (cost_model.h), so `level` (the slowest rank's PipelineNeeds, per stage)
-// is time every rank has anyway: each stage takes home items until its
-// compute reaches the level (the forward from the end of the list, the
-// backward from the front; stage `first` and, backward, the return phase
-// first), and what is left computes where no chunk does: the forward's
-// first stage, the backward's return phase. Returns each pass's areas per
-// stage of rp {overlap_items, items, return_overlap_items} for the model.
-std::array<std::vector<std::array<int64_t, 3>>, 2> ScheduleHomeItems(
-    const HardwareProfile& profile, int64_t head_dim, const PipelineNeeds& level, size_t first,
-    size_t end, const std::vector<std::array<int64_t, 2>>& inner_area, RankPlan* rp) {
-  const int64_t heads = rp->q_head_end - rp->q_head_begin;
-  const int64_t kv_heads = rp->kv_head_end - rp->kv_head_begin;
-  std::array<std::vector<std::array<int64_t, 3>>, 2> areas;
-  for (int backward = 0; backward < 2; ++backward) {
-    std::vector<Stage>& stages = backward ? rp->backward : rp->forward;
-    std::vector<std::array<int64_t, 3>>& area = areas[backward];
-    area.assign(stages.size(), {0, 0, 0});
-    for (size_t s = first; s < end; ++s) {
-      area[s] = {inner_area[s - first][0], inner_area[s - first][1], 0};
-    }
-    const WorkItemList home = stages[first].overlap_items;
-    const double per_area = AreaSeconds(profile, head_dim, heads, kv_heads, backward);
-    if (home.empty() || !(per_area > 0)) continue;
-    std::vector<int64_t> prefix(home.size() + 1, 0);
-    for (size_t i = 0; i < home.size(); ++i) prefix[i + 1] = prefix[i] + ItemArea(home[i]);
-    size_t lo = 0, hi = home.size();  // the home items not placed yet
-    auto take_front = [&](double need) {
-      const size_t a = lo;
-      while (lo < hi && static_cast<double>(prefix[lo + 1] - prefix[a]) * per_area <= need) ++lo;
-      return std::make_pair(a, lo);
-    };
-    auto take_back = [&](double need) {
-      const size_t b = hi;
-      while (hi > lo && static_cast<double>(prefix[b] - prefix[hi - 1]) * per_area <= need) --hi;
-      return std::make_pair(hi, b);
-    };
-    const std::vector<double>& lv = level.stage_s[backward];
-    std::vector<std::pair<size_t, size_t>> run(end - first, {0, 0});
-    run[0] = take_front(lv[0]);
-    std::pair<size_t, size_t> under_returns{0, 0};
-    if (backward) under_returns = take_back(level.return_s);
-    for (size_t s = first + 1; s < end; ++s) {
-      const double room =
-          lv[s - first] - static_cast<double>(inner_area[s - first][0]) * per_area;
-      if (room > 0) run[s - first] = backward ? take_front(room) : take_back(room);
-    }
-    if (backward) {
-      under_returns.first = lo;  // the rest, next to the return phase's run
-    } else {
-      run[0].second = hi;  // the rest, next to the first stage's run
-    }
-    for (size_t s = first; s < end; ++s) {
-      const auto [a, b] = run[s - first];
-      Stage& st = stages[s];
-      if (s == first) {
-        st.overlap_items = home.Sub(a, b - a);
-        area[s][0] = prefix[b] - prefix[a];
-      } else if (b > a) {
-        std::vector<WorkItem> items = st.overlap_items.ToVector();
-        items.insert(items.end(), home.begin() + a, home.begin() + b);
-        st.overlap_items = std::move(items);
-        area[s][0] += prefix[b] - prefix[a];
-      }
-    }
-    if (under_returns.second > under_returns.first) {
-      const auto [a, b] = under_returns;
-      stages[end - 1].return_overlap_items = home.Sub(a, b - a);
-      area[end - 1][2] = prefix[b] - prefix[a];
-    }
-  }
-  return areas;
 }
 
 // A rank's byte statistics, from its stages' sums.
@@ -625,10 +443,13 @@ LevelInputs MakeLevelInputs(const PlanSpec& spec, const Dispatch& dispatch, Stra
 // for this strategy's LevelInputs (auto computed it for a bound).
 namespace {
 
+// `one_stage_bound_us` (may be null): for a pipelined level, a lower bound
+// of the modeled time of the same level's one-stage plan.
 absl::StatusOr<Plan> BuildPlanOf(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
                                  const SliceIndex& index, const Dispatch& dispatch,
                                  Strategy strategy, const HardwareProfile& profile,
-                                 ThreadPool* pool, PackedLevel* packed, LevelInputs in);
+                                 ThreadPool* pool, PackedLevel* packed, LevelInputs in,
+                                 double* one_stage_bound_us);
 
 }  // namespace
 
@@ -640,19 +461,22 @@ absl::StatusOr<Plan> BuildPlan(const PlanSpec& spec, const std::vector<MaskSlice
                                      : MakeLevelInputs(spec, dispatch, strategy);
   if (in.pipeline_stages <= 1) {
     return BuildPlanOf(spec, slices, index, dispatch, strategy, profile, pool, packed,
-                       std::move(in));
+                       std::move(in), nullptr);
   }
   // Pipelining is not always faster (stages count their slowest rank; a
-  // level whose home work covers its transfers loses by it): both plans
-  // are built and the faster one in the model kept, the one-stage plan on
-  // ties.
+  // level whose home work covers its transfers loses by it): the faster
+  // plan in the model is kept, the one-stage plan on ties. That one is
+  // built only when the pipelined plan is not below its lower bound.
   LevelInputs one_stage = in;
   one_stage.pipeline_stages = 1;
-  HSAP_ASSIGN_OR_RETURN(Plan pipelined, BuildPlanOf(spec, slices, index, dispatch, strategy,
-                                                    profile, pool, packed, std::move(in)));
+  double bound_us = -1;  // stays negative where the level did not fit one stage
+  HSAP_ASSIGN_OR_RETURN(Plan pipelined,
+                        BuildPlanOf(spec, slices, index, dispatch, strategy, profile, pool,
+                                    packed, std::move(in), &bound_us));
+  if (bound_us < 0 || pipelined.stats.modeled_us < bound_us) return pipelined;
   HSAP_RETURN_IF_ERROR(CheckCompileStop());
   absl::StatusOr<Plan> plain = BuildPlanOf(spec, slices, index, dispatch, strategy, profile,
-                                           pool, nullptr, std::move(one_stage));
+                                           pool, nullptr, std::move(one_stage), nullptr);
   if (plain.ok() && plain->stats.modeled_us <= pipelined.stats.modeled_us) return plain;
   return pipelined;
 }
@@ -662,7 +486,8 @@ namespace {
 absl::StatusOr<Plan> BuildPlanOf(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
                                  const SliceIndex& index, const Dispatch& dispatch,
                                  Strategy strategy, const HardwareProfile& profile,
-                                 ThreadPool* pool, PackedLevel* packed, LevelInputs in) {
+                                 ThreadPool* pool, PackedLevel* packed, LevelInputs in,
+                                 double* one_stage_bound_us) {
   const Topology& topo = spec.topology;
   const int32_t P = topo.num_ranks();
   const int32_t U = in.U;
@@ -823,6 +648,25 @@ absl::StatusOr<Plan> BuildPlanOf(const PlanSpec& spec, const std::vector<MaskSli
                                    rank_bytes[d].fwd, rank_bytes[d].bwd, &rp);
       }
     });
+  }
+  if (pipelined && one_stage_bound_us != nullptr) {
+    // The stages outside the level (head all-to-alls) are the same in both
+    // plans; the level is one stage there, its slowest rank's.
+    const size_t first_inner = U > 1 ? 1 : 0, end_inner = first_inner + inner_stages;
+    double bound = 0;
+    for (int backward = 0; backward < 2; ++backward) {
+      double level = 0;
+      for (const PipelineNeeds& n : needs) level = std::max(level, n.one_stage_s[backward]);
+      bound += level;
+      const size_t stages = backward ? plan.ranks[0].backward.size() : plan.ranks[0].forward.size();
+      for (size_t s = 0; s < stages; ++s) {
+        if (s >= first_inner && s < end_inner) continue;
+        double slowest = 0;
+        for (const RankModel& m : models) slowest = std::max(slowest, (backward ? m.bwd_s : m.fwd_s)[s]);
+        bound += slowest;
+      }
+    }
+    *one_stage_bound_us = bound * 1e6;
   }
   FinishStats(slices, index, spec, dispatch, &plan);
   if (profile.inter_link_ranks > 1) {
