@@ -99,7 +99,7 @@ for tool in ip tc /usr/bin/python3; do
 done
 
 if [ "$BUILD" = 1 ]; then
-  flock /tmp/hsap-bazel.lock bazel build //server:hsapd //bench/emulated_cluster:emu_bench
+  flock -o /tmp/hsap-bazel.lock bazel build //server:hsapd //bench/emulated_cluster:emu_bench
 fi
 HSAPD=bazel-bin/server/hsapd
 BENCH=bazel-bin/bench/emulated_cluster/emu_bench
