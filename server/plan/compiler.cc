@@ -439,12 +439,12 @@ LevelInputs MakeLevelInputs(const PlanSpec& spec, const Dispatch& dispatch, Stra
   return in;
 }
 
-// The plan of `strategy`; `packing`, when given, is PackInnerLevel's result
-// for this strategy's LevelInputs (auto computed it for a bound).
 namespace {
 
-// `one_stage_bound_us` (may be null): for a pipelined level, a lower bound
-// of the modeled time of the same level's one-stage plan.
+// BuildPlan of the level `in` as it is (pipelined or not). `packed`, when
+// given, is PackInnerLevel's result for `in` (auto computed it for a
+// bound). `one_stage_bound_us` (may be null): for a pipelined level, a
+// lower bound of the modeled time of the same level's one-stage plan.
 absl::StatusOr<Plan> BuildPlanOf(const PlanSpec& spec, const std::vector<MaskSlice>& slices,
                                  const SliceIndex& index, const Dispatch& dispatch,
                                  Strategy strategy, const HardwareProfile& profile,
