@@ -311,17 +311,12 @@ std::vector<int64_t> HoldBackForReturns(const HardwareProfile& profile, int64_t 
   std::vector<int64_t> moved(rp->backward.size(), 0);
   const int64_t heads = rp->q_head_end - rp->q_head_begin;
   const int64_t kv_heads = rp->kv_head_end - rp->kv_head_begin;
-  const int64_t k = static_cast<int64_t>(std::max(1.0, profile.inter_link_ranks));
-  constexpr int kInter = static_cast<int>(LinkTier::kInterNode);
   for (size_t s = first_inner; s < end_inner && s < rp->backward.size(); ++s) {
     Stage& st = rp->backward[s];
     if (st.overlap_items.empty() || (st.return_sends.empty() && st.return_recvs.empty())) {
       continue;
     }
-    std::array<int64_t, kNumTiers> send = rb.bwd[s].send, recv = rb.bwd[s].recv;
-    send[kInter] *= k;
-    recv[kInter] *= k;
-    const double xfer = StageTransferSeconds(profile, send, recv);
+    const double xfer = internal::EstimatedTransferSeconds(profile, rb.bwd[s].send, rb.bwd[s].recv);
     const size_t n = st.overlap_items.size();
     const size_t keep = ItemsCovering(profile, head_dim, heads, kv_heads, /*backward=*/true,
                                       xfer, st.overlap_items);

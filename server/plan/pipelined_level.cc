@@ -6,6 +6,16 @@
 
 namespace hsap::plan::internal {
 
+double EstimatedTransferSeconds(const HardwareProfile& profile,
+                                std::array<int64_t, kNumTiers> send,
+                                std::array<int64_t, kNumTiers> recv) {
+  const int64_t k = static_cast<int64_t>(std::max(1.0, profile.inter_link_ranks));
+  constexpr int kInter = static_cast<int>(LinkTier::kInterNode);
+  send[kInter] *= k;
+  recv[kInter] *= k;
+  return StageTransferSeconds(profile, send, recv);
+}
+
 void AppendBackwardPipelined(const std::vector<Stage>& fwd, size_t first, size_t end,
                              int64_t ratio, std::vector<Stage>* bwd) {
   const size_t n = end - first;  // K + 1 stages
@@ -66,12 +76,9 @@ PipelineNeeds NeedsOf(const HardwareProfile& profile, int64_t head_dim, const Ra
                       const RankPlan& rp) {
   const int64_t heads = rp.q_head_end - rp.q_head_begin;
   const int64_t kv_heads = rp.kv_head_end - rp.kv_head_begin;
-  const int64_t k = static_cast<int64_t>(std::max(1.0, profile.inter_link_ranks));
-  constexpr int kInter = static_cast<int>(LinkTier::kInterNode);
-  auto seconds = [&](std::array<int64_t, kNumTiers> send, std::array<int64_t, kNumTiers> recv) {
-    send[kInter] *= k;
-    recv[kInter] *= k;
-    return StageTransferSeconds(profile, send, recv);
+  auto seconds = [&](const std::array<int64_t, kNumTiers>& send,
+                     const std::array<int64_t, kNumTiers>& recv) {
+    return EstimatedTransferSeconds(profile, send, recv);
   };
   PipelineNeeds n;
   for (int backward = 0; backward < 2; ++backward) {

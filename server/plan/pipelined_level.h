@@ -25,6 +25,14 @@ struct RankBytes {
   std::vector<int64_t> bwd_return_buffer;
 };
 
+// A rank's transfer term in a stage as the compiler's item schedules
+// estimate it before the plan is whole: with inter-node links shared by k
+// ranks, k times the rank's own inter-node bytes over the link (the ranks
+// of a node move about as much each).
+double EstimatedTransferSeconds(const HardwareProfile& profile,
+                                std::array<int64_t, kNumTiers> send,
+                                std::array<int64_t, kNumTiers> recv);
+
 // The backward stages of a pipelined inner level's forward stages [first,
 // end) (InnerRank::pipelined: chunks 0..K-1 move in stages first..first+K-1,
 // stage first+K moves nothing): the same K/V transfers and items, and the
@@ -38,9 +46,8 @@ void AppendBackwardPipelined(const std::vector<Stage>& fwd, size_t first, size_t
 // A pipelined inner level's stages [first, end) of one rank, as the home
 // items' schedule sees them (per pass): seconds each stage must take
 // whatever the home items do (its transfer, or the items on the previous
-// chunk it computes, the larger), and the backward's return phase. With
-// inter-node links shared by k ranks a transfer is estimated as k times the
-// rank's own inter-node bytes over the link, as in HoldBackForReturns.
+// chunk it computes, the larger), and the backward's return phase
+// (transfers as EstimatedTransferSeconds gives them).
 struct PipelineNeeds {
   std::array<std::vector<double>, 2> stage_s;  // [backward][s - first]
   double return_s = 0;                         // the last backward stage's returns
