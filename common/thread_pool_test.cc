@@ -1,6 +1,8 @@
 #include "common/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -48,6 +50,35 @@ TEST(ThreadPoolTest, ConcurrentCallersAreSerialisedAndComplete) {
   }
   for (std::thread& t : callers) t.join();
   EXPECT_EQ(total.load(), 4 * 50 * (99 * 100 / 2));
+}
+
+// First come, first served: a caller that arrives while another keeps the
+// pool busy job after job waits for the job ahead of it, not for the other
+// caller to stop. The hog's jobs take ~20 ms (sleeps), so the few jobs of
+// slack below cover a descheduled test thread, not a scheduling order; an
+// unfair lock lets the hog, which re-enters at once, take it again and again.
+TEST(ThreadPoolTest, ACallerWaitsOnlyForTheJobAheadOfIt) {
+  ThreadPool pool(2);
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> hog_jobs{0};
+  std::thread hog([&] {
+    while (!stop.load()) {
+      pool.ParallelFor(4, [](int64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(10)); });
+      hog_jobs.fetch_add(1);
+    }
+  });
+  while (hog_jobs.load() < 2) std::this_thread::yield();
+  int64_t worst = 0;
+  for (int rep = 0; rep < 20; ++rep) {
+    const int64_t before = hog_jobs.load();
+    std::atomic<int64_t> sum{0};
+    pool.ParallelFor(8, [&](int64_t i) { sum.fetch_add(i); });
+    worst = std::max(worst, hog_jobs.load() - before);
+    ASSERT_EQ(sum.load(), 28);
+  }
+  stop.store(true);
+  hog.join();
+  EXPECT_LE(worst, 3) << "the small caller waited for " << worst << " of the hog's jobs";
 }
 
 TEST(ThreadPoolTest, NonPositiveSizeMeansCallerOnly) {

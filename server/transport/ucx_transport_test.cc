@@ -459,7 +459,7 @@ TEST_P(UcxTransportTest, AbortFromAnotherThread) {
   aborter.join();
   EXPECT_TRUE(absl::IsAborted(s)) << s;
   EXPECT_EQ(s.message(), "peer node 1 went down");
-  EXPECT_LT(took, absl::Seconds(1));
+  EXPECT_LT(took, absl::Seconds(5));  // the abort, not the 20 s deadline (loose for CI load)
   auto again = t0->Start(4, {}, {});
   EXPECT_TRUE(absl::IsAborted(again.status())) << again.status();
 }

@@ -315,7 +315,8 @@ TEST(HardeningTest, AFloodingClientAndTheFdLimitWedgeNobody) {
     ASSERT_TRUE(c.ok()) << c.status();
     auto b = (*c)->CreateBuffer(4096, absl::StrCat("other-", i));
     ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "client " << i;
+    // Served at once, not after the flood (loose: a loaded, sanitized CI run).
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "client " << i;
     others.push_back(std::move(c).value());
   }
   ExpectGoodCall(d->socket(), "beside-the-flooder");
@@ -660,7 +661,7 @@ TEST(HardeningTest, IdleMetricsClientsDoNotBlockAScrape) {
   EXPECT_GE(Metric(*text, "hsap_sessions"), 0);
   std::printf("a scrape behind 4 idle half-request clients took %s (more than 13 s before)\n",
               absl::FormatDuration(took).c_str());
-  EXPECT_LT(took, absl::Seconds(1));
+  EXPECT_LT(took, absl::Seconds(5));  // loose for a loaded CI run; the bug took > 13 s
   ExpectGoodCall(d->socket(), "after-idle-scrapers");
 }
 
