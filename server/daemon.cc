@@ -489,20 +489,25 @@ void Daemon::WireLimits(const shm::RegionLimits& limits) {
     state->matcher.OnSessionClosed(session);
     state->RefreshGauges();
   });
-  auto& m = state->metrics;
-  m.SetLimit("max_sessions", options_.max_sessions);
-  m.SetLimit("max_pending_fds_per_session", shm::SessionManager::kMaxPendingFds);
-  m.SetLimit("max_regions_per_session", static_cast<double>(limits.max_regions_per_session));
-  m.SetLimit("max_regions", static_cast<double>(limits.max_regions));
-  m.SetLimit("max_region_bytes_per_session", static_cast<double>(limits.max_bytes_per_session));
-  m.SetLimit("max_region_bytes", static_cast<double>(limits.max_total_bytes));
-  m.SetLimit("max_region_mappings", static_cast<double>(limits.max_mappings));
-  m.SetLimit("max_call_groups", options_.max_call_groups);
-  m.SetLimit("max_peers", options_.max_peers);
-  m.SetLimit("max_message_bytes", kMaxLocalMessageBytes);
-  m.SetLimit("max_tcp_message_bytes", kMaxTcpMessageBytes);
-  m.SetLimit("plan_cache_bytes", static_cast<double>(plan::PlanCacheOptions().max_bytes));
-  m.SetLimit("kernel_scratch_cache_bytes", static_cast<double>(options_.kernel_scratch_cache_bytes));
+  // Every cap is a metric: a name missing from kLimitLabels would be dropped
+  // without a word, so it stops the daemon here instead.
+  auto& metrics = state->metrics;
+  const auto set_limit = [&metrics](absl::string_view limit, double value) {
+    HSAP_CHECK(metrics.SetLimit(limit, value)) << limit << " is not in kLimitLabels";
+  };
+  set_limit("max_sessions", options_.max_sessions);
+  set_limit("max_pending_fds_per_session", shm::SessionManager::kMaxPendingFds);
+  set_limit("max_regions_per_session", static_cast<double>(limits.max_regions_per_session));
+  set_limit("max_regions", static_cast<double>(limits.max_regions));
+  set_limit("max_region_bytes_per_session", static_cast<double>(limits.max_bytes_per_session));
+  set_limit("max_region_bytes", static_cast<double>(limits.max_total_bytes));
+  set_limit("max_region_mappings", static_cast<double>(limits.max_mappings));
+  set_limit("max_call_groups", options_.max_call_groups);
+  set_limit("max_peers", options_.max_peers);
+  set_limit("max_message_bytes", kMaxLocalMessageBytes);
+  set_limit("max_tcp_message_bytes", kMaxTcpMessageBytes);
+  set_limit("plan_cache_bytes", static_cast<double>(plan::PlanCacheOptions().max_bytes));
+  set_limit("kernel_scratch_cache_bytes", static_cast<double>(options_.kernel_scratch_cache_bytes));
   HSAP_LOG(INFO) << "caps: " << options_.max_sessions << " sessions, "
                  << limits.max_regions_per_session << " regions per session, "
                  << limits.max_regions << " regions, " << limits.max_bytes_per_session

@@ -66,11 +66,12 @@ inline constexpr std::array<absl::string_view, 7> kStrategyLabels = {
 
 // The limit label values: hsapd's flag names of its caps
 // (docs/reliability.md lists them with their defaults).
-inline constexpr std::array<absl::string_view, 12> kLimitLabels = {
+inline constexpr std::array<absl::string_view, 13> kLimitLabels = {
     "max_sessions",          "max_pending_fds_per_session", "max_regions_per_session",
     "max_regions",           "max_region_bytes_per_session", "max_region_bytes",
     "max_region_mappings",   "max_call_groups",              "plan_cache_bytes",
-    "max_message_bytes",     "max_peers",                    "kernel_scratch_cache_bytes"};
+    "max_message_bytes",     "max_tcp_message_bytes",        "max_peers",
+    "kernel_scratch_cache_bytes"};
 
 struct HsapMetricsOptions {
   // Label values of hsap_device_busy_seconds_total, one per device slot of

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -19,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace hsap::metrics::testing {
 namespace {
@@ -128,6 +130,29 @@ absl::StatusOr<std::string> MakeTempDir(absl::string_view prefix) {
     return absl::InternalError(absl::StrCat("mkdtemp ", path, ": ", std::strerror(errno)));
   }
   return path;
+}
+
+absl::StatusOr<std::string> ScrapeMetrics(int port, absl::Duration timeout) {
+  auto r = HttpRequest(port, "GET", "/metrics", timeout);
+  if (!r.ok()) return r.status();
+  if (r->status_code != 200) {
+    return absl::UnavailableError(absl::StrCat("/metrics answered ", r->status_code));
+  }
+  return std::move(r->body);
+}
+
+double SampleValue(absl::string_view text, absl::string_view series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::ConsumePrefix(&line, series) || !absl::ConsumePrefix(&line, " ")) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(0, line.find(' ')), &value)) return value;
+  }
+  return -1;
+}
+
+double ScrapeSample(int port, absl::string_view series, absl::Duration timeout) {
+  auto text = ScrapeMetrics(port, timeout);
+  return text.ok() ? SampleValue(*text, series) : -1;
 }
 
 absl::StatusOr<PromtoolResult> RunPromtoolCheckMetrics(absl::string_view text) {

@@ -28,6 +28,19 @@ absl::StatusOr<HttpResponse> HttpRequest(int port, absl::string_view method,
                                          absl::string_view path,
                                          absl::Duration timeout = absl::Seconds(10));
 
+// GET /metrics at 127.0.0.1:`port`: the body (HttpRequest's errors, or
+// UNAVAILABLE naming the status code when it is not 200).
+absl::StatusOr<std::string> ScrapeMetrics(int port, absl::Duration timeout = absl::Seconds(10));
+
+// The value of the sample line `series <value>` of exposition `text`, where
+// series is a name with its labels as written (`hsap_limit{limit="max_peers"}`);
+// -1 when there is no such line.
+double SampleValue(absl::string_view text, absl::string_view series);
+
+// SampleValue of a fresh scrape; -1 when the scrape fails too.
+double ScrapeSample(int port, absl::string_view series,
+                    absl::Duration timeout = absl::Seconds(10));
+
 // What `promtool check metrics` said about `text`.
 struct PromtoolResult {
   int exit_code = -1;

@@ -125,19 +125,6 @@ TEST(DaemonProcessTest, DrainReportsNotServingAndFinishesTheCallInFlight) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
-// The value of the /metrics line `series <value>` (-1 when absent or when
-// the scrape fails).
-double ScrapeMetric(int port, const std::string& series) {
-  auto r = metrics::testing::HttpRequest(port, "GET", "/metrics");
-  if (!r.ok()) return -1;
-  std::istringstream in(r->body);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
-  }
-  return -1;
-}
-
 // A forward and a backward call whose packed K/V and partial results are
 // blocks of more than 1 MiB: what they leave for the next call is at most
 // the flag (the default, 64 MiB, or 0: nothing), and /metrics says so.
@@ -151,9 +138,9 @@ TEST(DaemonProcessTest, KernelScratchKeptBetweenCallsStaysWithinItsFlag) {
     auto daemon = StartDaemon(flags);
     ASSERT_NE(daemon, nullptr);
     const double expected_limit = limit >= 0 ? limit : 64 << 20;
-    EXPECT_EQ(ScrapeMetric(metrics_port, "hsap_limit{limit=\"kernel_scratch_cache_bytes\"}"),
+    EXPECT_EQ(metrics::testing::ScrapeSample(metrics_port, "hsap_limit{limit=\"kernel_scratch_cache_bytes\"}"),
               expected_limit);
-    EXPECT_EQ(ScrapeMetric(metrics_port, "hsap_kernel_scratch_cached_bytes"), 0);
+    EXPECT_EQ(metrics::testing::ScrapeSample(metrics_port, "hsap_kernel_scratch_cached_bytes"), 0);
     auto client = client::Client::Connect(daemon->socket());
     ASSERT_TRUE(client.ok()) << client.status();
     constexpr int64_t kTokens = 2048;
@@ -171,7 +158,7 @@ TEST(DaemonProcessTest, KernelScratchKeptBetweenCallsStaysWithinItsFlag) {
     call.set_call_seq(2);
     auto bwd = (*client)->Backward((*b)->BackwardRequest(call, mask, {}));
     ASSERT_TRUE(bwd.ok()) << bwd.status();
-    const double kept = ScrapeMetric(metrics_port, "hsap_kernel_scratch_cached_bytes");
+    const double kept = metrics::testing::ScrapeSample(metrics_port, "hsap_kernel_scratch_cached_bytes");
 #if defined(__SANITIZE_ADDRESS__) || defined(ADDRESS_SANITIZER) || \
     defined(__SANITIZE_THREAD__) || defined(THREAD_SANITIZER)
     EXPECT_EQ(kept, 0) << "sanitized builds cache nothing";

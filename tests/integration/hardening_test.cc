@@ -50,6 +50,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using Code = absl::StatusCode;
+using metrics::testing::SampleValue;
+using metrics::testing::ScrapeMetrics;
 
 constexpr int64_t kTokens = 64, kHq = 4, kHkv = 2, kD = 32;
 const std::vector<int64_t> kCu = {0, 10, 10, 40, kTokens};
@@ -85,28 +87,12 @@ void ExpectGoodCall(const std::string& socket, const std::string& group) {
   EXPECT_EQ(r->stats().area(), kArea);
 }
 
-absl::StatusOr<std::string> Scrape(int port) {
-  auto r = metrics::testing::HttpRequest(port, "GET", "/metrics", absl::Seconds(10));
-  if (!r.ok()) return r.status();
-  return r->body;
-}
-
-// The value of the metric line starting with `series ` (-1 when absent).
-double Metric(const std::string& text, const std::string& series) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
-  }
-  return -1;
-}
-
 // Waits (10 s at most) until `series` reads `value` on the daemon's /metrics.
 bool WaitMetric(int port, const std::string& series, double value) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (absl::Now() < deadline) {
-    auto text = Scrape(port);
-    if (text.ok() && Metric(*text, series) == value) return true;
+    auto text = ScrapeMetrics(port);
+    if (text.ok() && SampleValue(*text, series) == value) return true;
     absl::SleepFor(absl::Milliseconds(50));
   }
   return false;
@@ -406,15 +392,17 @@ TEST(HardeningTest, CapsKeepASessionFromStarvingTheOthers) {
   EXPECT_EQ(e.status().code(), Code::kResourceExhausted);
   EXPECT_THAT(std::string(e.status().message()), HasSubstr("--max_sessions"));
   // Every cap is a metric, and so are its refusals.
-  auto text = Scrape(metrics_port);
+  auto text = ScrapeMetrics(metrics_port);
   ASSERT_TRUE(text.ok()) << text.status();
-  EXPECT_EQ(Metric(*text, "hsap_limit{limit=\"max_sessions\"}"), 4);
-  EXPECT_EQ(Metric(*text, "hsap_limit{limit=\"max_region_bytes_per_session\"}"), 274877906944.0);
-  EXPECT_EQ(Metric(*text, "hsap_limit_refusals_total{limit=\"max_sessions\"}"), 1);
-  EXPECT_EQ(Metric(*text, "hsap_limit_refusals_total{limit=\"max_region_bytes_per_session\"}"), 1);
-  EXPECT_EQ(Metric(*text, "hsap_limit_refusals_total{limit=\"max_regions_per_session\"}"), 1);
-  EXPECT_EQ(Metric(*text, "hsap_limit_refusals_total{limit=\"max_regions\"}"), 1);
-  EXPECT_GT(Metric(*text, "hsap_limit{limit=\"max_region_mappings\"}"), 1000);
+  EXPECT_EQ(SampleValue(*text, "hsap_limit{limit=\"max_sessions\"}"), 4);
+  EXPECT_EQ(SampleValue(*text, "hsap_limit{limit=\"max_region_bytes_per_session\"}"), 274877906944.0);
+  EXPECT_EQ(SampleValue(*text, "hsap_limit_refusals_total{limit=\"max_sessions\"}"), 1);
+  EXPECT_EQ(SampleValue(*text, "hsap_limit_refusals_total{limit=\"max_region_bytes_per_session\"}"), 1);
+  EXPECT_EQ(SampleValue(*text, "hsap_limit_refusals_total{limit=\"max_regions_per_session\"}"), 1);
+  EXPECT_EQ(SampleValue(*text, "hsap_limit_refusals_total{limit=\"max_regions\"}"), 1);
+  EXPECT_GT(SampleValue(*text, "hsap_limit{limit=\"max_region_mappings\"}"), 1000);
+  EXPECT_EQ(SampleValue(*text, "hsap_limit{limit=\"max_message_bytes\"}"), 64 << 20);
+  EXPECT_EQ(SampleValue(*text, "hsap_limit{limit=\"max_tcp_message_bytes\"}"), 4 << 20);
   // Closing a session gives its share back: a good call from a new session.
   a->reset();
   held.clear();
@@ -610,9 +598,9 @@ TEST(HardeningTest, GroupStateIsReleasedWithItsSessions) {
                                                      client::DocumentMask(kCu, true), {}))
                       .ok());
     }
-    auto text = Scrape(metrics_port);
+    auto text = ScrapeMetrics(metrics_port);
     ASSERT_TRUE(text.ok());
-    EXPECT_EQ(Metric(*text, "hsap_call_groups"), 300);
+    EXPECT_EQ(SampleValue(*text, "hsap_call_groups"), 300);
   }
   EXPECT_TRUE(WaitMetric(metrics_port, "hsap_call_groups", 0));
 
@@ -655,10 +643,10 @@ TEST(HardeningTest, IdleMetricsClientsDoNotBlockAScrape) {
   }
   absl::SleepFor(absl::Milliseconds(100));
   const absl::Time start = absl::Now();
-  auto text = Scrape(metrics_port);
+  auto text = ScrapeMetrics(metrics_port);
   const absl::Duration took = absl::Now() - start;
   ASSERT_TRUE(text.ok()) << text.status();
-  EXPECT_GE(Metric(*text, "hsap_sessions"), 0);
+  EXPECT_GE(SampleValue(*text, "hsap_sessions"), 0);
   std::printf("a scrape behind 4 idle half-request clients took %s (more than 13 s before)\n",
               absl::FormatDuration(took).c_str());
   EXPECT_LT(took, absl::Seconds(5));  // loose for a loaded CI run; the bug took > 13 s

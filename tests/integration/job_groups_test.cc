@@ -114,17 +114,6 @@ absl::StatusOr<absl::Duration> WaitBaseline(LocalCluster& c, int i, absl::Durati
   return absl::DeadlineExceededError(absl::StrCat("node ", i, " not at baseline: ", last));
 }
 
-// The value of the series `series` (e.g. hsap_groups{state="UP"}) in node
-// i's /metrics at `port`, or -1 when absent.
-double MetricValue(int port, const std::string& series) {
-  auto r = metrics::testing::HttpRequest(port, "GET", "/metrics", absl::Seconds(5));
-  if (!r.ok()) return -1;
-  const std::string line = series + " ";
-  const size_t at = r->body.find("\n" + line);
-  if (at == std::string::npos) return -1;
-  return std::strtod(r->body.c_str() + at + 1 + line.size(), nullptr);
-}
-
 TEST(JobGroupsTest, GroupsFormedAtRunTimeRunAtOnceAndFailApart) {
   auto cluster = LocalCluster::StartWithoutPeers(3, 2, kFlags);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -296,7 +285,7 @@ TEST(JobGroupsTest, TwoHundredGroupsLeaveTablesAtBaseline) {
   // but {2, 0}).
   double live_peak = 0;
   while (next.load() < 200) {
-    live_peak = std::max(live_peak, MetricValue(metrics_ports[1], "hsap_peers{state=\"UP\"}"));
+    live_peak = std::max(live_peak, metrics::testing::ScrapeSample(metrics_ports[1], "hsap_peers{state=\"UP\"}"));
     absl::SleepFor(absl::Milliseconds(5));
   }
   for (auto& s : streams) s.join();
@@ -312,14 +301,14 @@ TEST(JobGroupsTest, TwoHundredGroupsLeaveTablesAtBaseline) {
                 absl::FormatDuration(churn).c_str(), i, absl::FormatDuration(*took).c_str());
     // ... and so is /metrics (refreshed at each scrape).
     for (const char* state : {"FORMING", "UP", "FAILED"}) {
-      EXPECT_EQ(MetricValue(metrics_ports[i], absl::StrCat("hsap_groups{state=\"", state, "\"}")), 0)
+      EXPECT_EQ(metrics::testing::ScrapeSample(metrics_ports[i], absl::StrCat("hsap_groups{state=\"", state, "\"}")), 0)
           << "node " << i << " " << state;
     }
     for (const char* state : {"JOINING", "UP", "SUSPECT", "DOWN"}) {
-      EXPECT_EQ(MetricValue(metrics_ports[i], absl::StrCat("hsap_peers{state=\"", state, "\"}")), 0)
+      EXPECT_EQ(metrics::testing::ScrapeSample(metrics_ports[i], absl::StrCat("hsap_peers{state=\"", state, "\"}")), 0)
           << "node " << i << " " << state;
     }
-    EXPECT_EQ(MetricValue(metrics_ports[i], "hsap_limit{limit=\"max_peers\"}"), 1024);
+    EXPECT_EQ(metrics::testing::ScrapeSample(metrics_ports[i], "hsap_limit{limit=\"max_peers\"}"), 1024);
   }
 }
 
